@@ -394,8 +394,9 @@ class Args:
     """the envs whose expert demos the base is mid-trained on and evaluated in"""
     seed: int = 0
     demo_tasks: int = 300
-    """expert episodes per env for the SFT data (train seeds 0..demo_tasks-1)"""
-    sft_steps: int = 2000
+    """expert episodes per env for the SFT data (train seeds 0..); an env with shorter episodes gets up to 2x more,
+    so that the SFT mix is closer to even in rows"""
+    sft_steps: int = 2500
     sft_lr: float = 2e-3
     sft_batch: int = 16
     vocab_size: int = 3000
@@ -430,6 +431,11 @@ def build_base(args, progress=True):
             return model.eval(), tok, json.load(f)
     t0 = time.time()
     demos = {e: expert_demos(e, range(args.demo_tasks), args.history_length) for e in env_names}
+    most = max(len(d) for d in demos.values())
+    for e, d in demos.items():
+        n = min(2 * args.demo_tasks, -(-args.demo_tasks * most // max(len(d), 1)))
+        if n > args.demo_tasks:
+            demos[e] = expert_demos(e, range(n), args.history_length)
     if args.model == "tiny":
         corpus = [CHATML_EXAMPLE.format(prompt=r["prompt"], response=r["response"]) for d in demos.values() for r in d]
         tok = train_tokenizer(corpus, args.vocab_size)

@@ -207,7 +207,8 @@ class WebShopEnv:
             parts += ["< Prev"] * (self.page_no > 0) + ["Next >"] * self._has_next()
             for i in self._shown():
                 p = self.products[i]
-                parts += [p.asin, p.title, f"${p.price:.2f}"]
+                # lower-case, as in the click[...] list, so a small model can copy the id it reads
+                parts += [p.asin.lower(), p.title, f"${p.price:.2f}"]
             return SEP.join(parts)
         p = self.products[self.item]
         if self.page == "item":
