@@ -73,6 +73,30 @@ class Args(GG.Args):
     """instead of training, time update() with and without SEAL on one rollout batch"""
 
 
+def head_seconds(policy, tok, samples, args, repeats=20):
+    """What SEAL adds to an update: the head's forward + backward on the hidden states of every chunk. The backbone's
+    backward runs once for L_RL + alpha L_SEAL either way (the head only adds to dL/dh), so this is the increment,
+    and it is small enough to time in a loop, free of the run-to-run noise of a whole update."""
+    aux = seal_loss(args.alpha)
+    chunks = [list(range(len(samples)))[k::args.minibatches] for k in range(args.minibatches)]
+    total = 0.0
+    for idx in chunks:
+        b = F.pack(tok, [samples[i] for i in idx], "cpu")
+        with torch.no_grad():
+            _, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+        adv = torch.tensor([samples[i]["adv"] for i in idx], dtype=h.dtype).unsqueeze(1).expand_as(b["mask"])
+        runs = []
+        for _ in range(repeats + 1):
+            leaf = h.detach().requires_grad_()
+            t0 = time.perf_counter()
+            loss_tok, _ = aux(policy, leaf, b, adv)
+            ((loss_tok * b["mask"]).sum() / b["mask"].sum()).backward()
+            runs.append(time.perf_counter() - t0)
+        total += sorted(runs[1:])[repeats // 2]
+    policy.zero_grad()
+    return total
+
+
 def bench_overhead(args, repeats=5):
     """Same rollout batch, same number of tokens: the update with the SEAL head vs without it."""
     torch.manual_seed(args.seed)
@@ -92,9 +116,11 @@ def bench_overhead(args, repeats=5):
             if r:  # the first round warms up allocators and kernels
                 times[name].append(time.perf_counter() - t0)
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    head = head_seconds(policy, tok, samples, args)
     out = {"env": args.env, "samples": len(samples), "tokens": sum(len(s["response_ids"]) for s in samples),
            "update_seconds_rl": med["rl"], "update_seconds_rl_seal": med["rl+seal"],
-           "overhead": med["rl+seal"] / med["rl"] - 1, "repeats": repeats}
+           "overhead_end_to_end": med["rl+seal"] / med["rl"] - 1, "head_seconds": head,
+           "overhead_head": head / med["rl"], "repeats": repeats}
     print(json.dumps(out))
     return out
 

@@ -116,3 +116,11 @@ def test_seal_gradient_reaches_the_backbone():
     lora = [p.grad for n, p in policy.named_parameters() if "lora_A" in n]
     assert lora and all(g is not None for g in lora) and sum(g.abs().sum().item() for g in lora) > 0
     assert all(p.grad is not None for p in policy.seal_head.parameters())
+
+
+def test_head_seconds_times_the_head_and_leaves_no_gradients():
+    policy = seal_policy()
+    samples = dp_update.batch(policy)
+    t = S.head_seconds(policy, dp_update.Tok, samples, SimpleNamespace(alpha=0.02, minibatches=2), repeats=3)
+    assert 0 < t < 5
+    assert all(p.grad is None or not p.grad.abs().sum() for p in policy.parameters())
