@@ -178,9 +178,12 @@ def tiny_model(vocab_size, seed, layers=2, hidden=128):
 
 def load_pretrained(path):
     """A real checkpoint or a saved base. One-line error instead of a deep traceback when it can't be found."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        # Our own base: AutoTokenizer would see model_type qwen2 and swap in Qwen2Tokenizer's pre-tokenizer (regex
+        # split + NFC), which encodes the same text into different ids than the BPE was trained and SFT'd on.
+        own = os.path.exists(os.path.join(path, "base.json"))
+        tok = (PreTrainedTokenizerFast if own else AutoTokenizer).from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

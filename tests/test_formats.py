@@ -44,3 +44,17 @@ def test_unknown_env_is_a_clear_error():
     from envs import make_env
     with pytest.raises(ValueError, match="alfworld, webshop"):
         make_env("minecraft")
+
+
+def test_saved_base_reloads_with_the_same_token_ids(tmp_path):
+    """AutoTokenizer would map a qwen2 config to Qwen2Tokenizer and re-split the text: a reloaded base then reads
+    other ids than it was trained on (held-out ALFWorld success fell from 6/32 to 0/32 that way)."""
+    text = "<|im_start|>user\nYou see a cabinet 1, a countertop 2.\nYour task is to: put a clean apple in fridge.<|im_end|>\n"
+    tok = F.train_tokenizer([text] * 20, 400)
+    model = F.tiny_model(len(tok), 0, layers=1, hidden=64)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "base.json").write_text("{}")
+    _, tok2 = F.load_pretrained(str(tmp_path))
+    assert tok2(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert tok2.pad_token == tok.pad_token and tok2.padding_side == "left" and F.chat(tok2, "x") == F.chat(tok, "x")
