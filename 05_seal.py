@@ -84,7 +84,8 @@ def head_seconds(policy, tok, samples, args, repeats=20):
         b = F.pack(tok, [samples[i] for i in idx], next(policy.parameters()).device)
         with torch.no_grad():
             _, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
-        adv = torch.tensor([samples[i]["adv"] for i in idx], dtype=h.dtype, device=h.device).unsqueeze(1).expand_as(b["mask"])
+        adv = torch.tensor([samples[i]["adv"] for i in idx], dtype=h.dtype, device=h.device)
+        adv = adv.unsqueeze(1).expand_as(b["mask"])
         runs = []
         for _ in range(repeats + 1):
             leaf = h.detach().requires_grad_()
