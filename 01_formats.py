@@ -356,8 +356,13 @@ def expert_demos(env_name, seeds, history_length, max_steps=None):
     return Dataset.from_list(rows)
 
 
-def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress=True):
-    """Response-only NLL on expert demos. Returns the list of losses."""
+def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress=True, prompt_weight=0.0):
+    """NLL on expert demos: response tokens, plus `prompt_weight` x the mean NLL of the prompt tokens.
+
+    The prompt term is plain language modelling on env text. Prompts repeat their own strings (product ids, queries,
+    objects appear in the observation, the admissible list and the history), so predicting them rewards copying
+    from the context; with response-only loss the tiny model memorised training ids and queries instead of copying.
+    Returns the list of response losses."""
     if steps <= 0:
         return []
     from tqdm import tqdm
@@ -373,15 +378,22 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
     losses = []
     for step in tqdm(range(steps), desc="mid-training SFT", disable=not progress):
         b = pack(tok, [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)])
-        logits = body_and_head(model)[1](response_hidden(model, b["input_ids"], b["attention_mask"], b["gather_index"]))
-        nll = Fn.cross_entropy(logits.flatten(0, 1).float(), b["targets"].flatten(), reduction="none")
-        loss = (nll * b["mask"].flatten()).sum() / b["mask"].sum()
+        body, head = body_and_head(model)
+        hidden = body(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state[:, :-1]
+        nll = Fn.cross_entropy(head(hidden).flatten(0, 1).float(), b["input_ids"][:, 1:].flatten(),
+                               reduction="none").view(hidden.shape[:2])
+        resp = torch.zeros_like(nll).scatter_(1, b["gather_index"], b["mask"])  # positions that predict the response
+        prompt = b["attention_mask"][:, 1:].float() - resp
+        loss = (nll * resp).sum() / resp.sum()
+        resp_loss = loss.item()
+        if prompt_weight:
+            loss = loss + prompt_weight * (nll * prompt).sum() / prompt.sum().clamp(min=1)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        losses.append(resp_loss)
     model.eval()
     return losses
 
@@ -402,6 +414,8 @@ class Args:
     sft_steps: int = 2500
     sft_lr: float = 2e-3
     sft_batch: int = 16
+    sft_prompt_weight: float = 1.0
+    """weight of the prompt-token NLL in mid-training (0 = response tokens only); see sft()"""
     vocab_size: int = 3000
     layers: int = 4
     """tiny model depth (2 layers can copy from the prompt only barely)"""
@@ -447,7 +461,8 @@ def build_base(args, progress=True):
         model, tok = load_pretrained(args.model)
     from datasets import concatenate_datasets
     data = concatenate_datasets(list(demos.values())).shuffle(seed=args.seed)
-    losses = sft(model, tok, data, args.sft_steps, args.sft_lr, args.sft_batch, args.seed, progress=progress)
+    losses = sft(model, tok, data, args.sft_steps, args.sft_lr, args.sft_batch, args.seed, progress=progress,
+                  prompt_weight=args.sft_prompt_weight)
     report = {"args": asdict(args), "demo_rows": len(data), "sft_loss_first": losses[:1], "sft_loss_last":
               sum(losses[-20:]) / max(len(losses[-20:]), 1), "build_seconds": round(time.time() - t0, 1),
               "n_params": sum(p.numel() for p in model.parameters())}

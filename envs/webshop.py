@@ -254,8 +254,8 @@ class WebShopEnv:
         """The next command of a policy that wins from the current state (it re-plans from wherever the agent is)."""
         if self.done:
             return None
-        if self.page == "search":  # the goal's type and attribute words rank a fitting product first
-            return f"search[{self.goal['product_type']} {' '.join(self.goal['attributes'])}]"
+        if self.page == "search":  # the instruction itself, as WebShop's rule baseline searches: a plain copy
+            return f"search[{self.goal['instruction']}]"
         if self.page == "results":
             fit = [n for n, i in enumerate(self.results) if self.fits(self.products[i])]
             here = [n for n in fit if n // self.page_size == self.page_no]

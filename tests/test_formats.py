@@ -58,3 +58,35 @@ def test_saved_base_reloads_with_the_same_token_ids(tmp_path):
     _, tok2 = F.load_pretrained(str(tmp_path))
     assert tok2(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
     assert tok2.pad_token == tok.pad_token and tok2.padding_side == "left" and F.chat(tok2, "x") == F.chat(tok, "x")
+
+
+def _nll_split(model, tok, pairs):
+    """(response NLL, prompt NLL) of the batch, both token means, recomputed outside sft()."""
+    import torch
+    import torch.nn.functional as Fn
+    b = F.pack(tok, pairs)
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+    nll = Fn.cross_entropy(logits.flatten(0, 1), b["input_ids"][:, 1:].flatten(), reduction="none").view(
+        logits.shape[:2])
+    resp = torch.zeros_like(nll).scatter_(1, b["gather_index"], b["mask"])
+    prompt = b["attention_mask"][:, 1:].float() - resp
+    return ((nll * resp).sum() / resp.sum()).item(), ((nll * prompt).sum() / prompt.sum()).item()
+
+
+def test_sft_prompt_weight_trains_the_prompt_tokens_too():
+    data = F.expert_demos("webshop", range(4), 2)
+    tok = F.train_tokenizer([F.CHATML_EXAMPLE.format(**r) for r in data], 400)
+    pairs = [{"prompt_ids": tok(F.chat(tok, r["prompt"]), add_special_tokens=False)["input_ids"],
+              "response_ids": tok(r["response"] + tok.eos_token, add_special_tokens=False)["input_ids"]} for r in data]
+    out = {}
+    for w in (0.0, 1.0):
+        model = F.tiny_model(len(tok), 0, layers=1, hidden=64)
+        before = _nll_split(model, tok, pairs)
+        losses = F.sft(model, tok, data, 30, 3e-3, 4, 0, progress=False, prompt_weight=w)
+        out[w] = (before, _nll_split(model, tok, pairs), losses)
+    (b0, a0, l0), (b1, a1, l1) = out[0.0], out[1.0]
+    assert b0 == b1  # same init
+    assert a0[0] < b0[0] and a1[0] < b1[0]  # both learn the responses
+    assert a1[1] < a0[1] - 0.5  # only the weighted run learns the prompt text
+    assert len(l1) == 30 and l1[-1] < l1[0]  # what sft() reports is the response NLL, and it falls
