@@ -14,9 +14,10 @@ An invalid response costs a penalty of 0.1 (applied by the trainer, see 03_grpo.
 
 Embedded default model ("--model tiny"): a Qwen2ForCausalLM built from a config (random init, ~1M parameters) with a
 byte-level BPE trained here on environment text. It is "mid-trained" (as the paper mid-trains Llama) by SFT on expert
-demonstrations, minimising the response-token negative log-likelihood
-    L_SFT = - (1 / |response tokens|) * sum_t log pi(y_t | prompt, y_<t),
-so that it learns the format and part of the skill, leaving room for RL. A real checkpoint
+demonstrations, minimising the response-token negative log-likelihood plus w (default 1) times the prompt's own
+    L_SFT = - (1 / |y|) * sum_t log pi(y_t | x, y_<t)  -  w * (1 / |x|) * sum_t log pi(x_t | x_<t),
+so that it learns the format and part of the skill, leaving room for RL. (The prompt term teaches copying: prompts
+repeat their product ids, queries and objects; without it the tiny model memorised training ids instead.) A real checkpoint
 (`--model Qwen/Qwen2.5-1.5B-Instruct` or a local folder) goes through the same load -> (SFT) -> LoRA path.
 
     python 01_formats.py                      # build + mid-train the tiny base, report valid ratio / success
