@@ -17,8 +17,9 @@ byte-level BPE trained here on environment text. It is "mid-trained" (as the pap
 demonstrations, minimising the response-token negative log-likelihood plus w (default 1) times the prompt's own
     L_SFT = - (1 / |y|) * sum_t log pi(y_t | x, y_<t)  -  w * (1 / |x|) * sum_t log pi(x_t | x_<t),
 so that it learns the format and part of the skill, leaving room for RL. (The prompt term teaches copying: prompts
-repeat their product ids, queries and objects; without it the tiny model memorised training ids instead.) A real checkpoint
-(`--model Qwen/Qwen2.5-1.5B-Instruct` or a local folder) goes through the same load -> (SFT) -> LoRA path.
+repeat their product ids, queries and objects; without it the tiny model memorised training ids instead.)
+A real checkpoint (`--model Qwen/Qwen2.5-1.5B-Instruct` or a local folder) goes through the same load -> (SFT) ->
+LoRA path.
 
     python 01_formats.py                      # build + mid-train the tiny base, report valid ratio / success
     python 01_formats.py --sft_steps 0 --model ./my_qwen   # evaluate a local checkpoint as it is

@@ -78,7 +78,8 @@ def test_sft_prompt_weight_trains_the_prompt_tokens_too():
     data = F.expert_demos("webshop", range(4), 2)
     tok = F.train_tokenizer([F.CHATML_EXAMPLE.format(**r) for r in data], 400)
     pairs = [{"prompt_ids": tok(F.chat(tok, r["prompt"]), add_special_tokens=False)["input_ids"],
-              "response_ids": tok(r["response"] + tok.eos_token, add_special_tokens=False)["input_ids"]} for r in data]
+              "response_ids": tok(r["response"] + tok.eos_token, add_special_tokens=False)["input_ids"]}
+             for r in data]
     out = {}
     for w in (0.0, 1.0):
         model = F.tiny_model(len(tok), 0, layers=1, hidden=64)
