@@ -358,6 +358,22 @@ def expert_demos(env_name, seeds, history_length, max_steps=None):
     return Dataset.from_list(rows)
 
 
+def demo_pairs(tok, dataset, max_len=1024):
+    """Demo rows -> prompt_ids (chat-templated, cut from the left to fit max_len) and response_ids (eos kept)."""
+    pairs = []
+    for row in dataset:
+        p = tok(chat(tok, row["prompt"]), add_special_tokens=False)["input_ids"]
+        r = tok(row["response"] + tok.eos_token, add_special_tokens=False)["input_ids"]
+        pairs.append({"prompt_ids": p[-(max_len - len(r)):], "response_ids": r})
+    return pairs
+
+
+def shifted_masks(b):
+    """For next-token targets input_ids[:, 1:] of a pack() batch: (response mask, prompt mask), each [B, T-1]."""
+    resp = torch.zeros_like(b["attention_mask"][:, 1:], dtype=torch.float).scatter_(1, b["gather_index"], b["mask"])
+    return resp, b["attention_mask"][:, 1:].float() - resp
+
+
 def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress=True, prompt_weight=0.0):
     """NLL on expert demos: response tokens, plus `prompt_weight` x the mean NLL of the prompt tokens.
 
@@ -369,11 +385,7 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
         return []
     from tqdm import tqdm
     rng = random.Random(seed)
-    pairs = []
-    for row in dataset:
-        p = tok(chat(tok, row["prompt"]), add_special_tokens=False)["input_ids"]
-        r = tok(row["response"] + tok.eos_token, add_special_tokens=False)["input_ids"]
-        pairs.append({"prompt_ids": p[-(max_len - len(r)):], "response_ids": r})
+    pairs = demo_pairs(tok, dataset, max_len)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
     model.train()
@@ -384,8 +396,7 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
         hidden = body(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state[:, :-1]
         nll = Fn.cross_entropy(head(hidden).flatten(0, 1).float(), b["input_ids"][:, 1:].flatten(),
                                reduction="none").view(hidden.shape[:2])
-        resp = torch.zeros_like(nll).scatter_(1, b["gather_index"], b["mask"])  # positions that predict the response
-        prompt = b["attention_mask"][:, 1:].float() - resp
+        resp, prompt = shifted_masks(b)
         loss = (nll * resp).sum() / resp.sum()
         resp_loss = loss.item()
         if prompt_weight:

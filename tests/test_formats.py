@@ -69,17 +69,14 @@ def _nll_split(model, tok, pairs):
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
     nll = Fn.cross_entropy(logits.flatten(0, 1), b["input_ids"][:, 1:].flatten(), reduction="none").view(
         logits.shape[:2])
-    resp = torch.zeros_like(nll).scatter_(1, b["gather_index"], b["mask"])
-    prompt = b["attention_mask"][:, 1:].float() - resp
+    resp, prompt = F.shifted_masks(b)
     return ((nll * resp).sum() / resp.sum()).item(), ((nll * prompt).sum() / prompt.sum()).item()
 
 
 def test_sft_prompt_weight_trains_the_prompt_tokens_too():
     data = F.expert_demos("webshop", range(4), 2)
     tok = F.train_tokenizer([F.CHATML_EXAMPLE.format(**r) for r in data], 400)
-    pairs = [{"prompt_ids": tok(F.chat(tok, r["prompt"]), add_special_tokens=False)["input_ids"],
-              "response_ids": tok(r["response"] + tok.eos_token, add_special_tokens=False)["input_ids"]}
-             for r in data]
+    pairs = F.demo_pairs(tok, data)
     out = {}
     for w in (0.0, 1.0):
         model = F.tiny_model(len(tok), 0, layers=1, hidden=64)
