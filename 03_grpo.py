@@ -13,6 +13,7 @@ Token-mean aggregation over all response tokens T of the mini-batch (across proc
 
     python 03_grpo.py --env webshop --updates 200                # single process
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
+    python 03_grpo.py --env webshop --eval_ckpt runs/grpo-webshop-s0/ckpt/state.pt --val_tasks 256  # evaluate
 """
 import importlib
 import json
@@ -184,6 +185,8 @@ class Args:
     """train task seeds are drawn from 0..train_pool-1; validation seeds start at 100000"""
     val_every: int = 20
     val_tasks: int = 32
+    val_seed: int = 100_000
+    """first held-out seed (validation plays val_seed .. val_seed + val_tasks - 1)"""
     val_temperature: float = 0.4
     save_every: int = 10
     snapshot_every: int = 50
@@ -194,6 +197,10 @@ class Args:
     """default runs/{algo}-{env}-s{seed}"""
     resume: bool = True
     """continue from out_dir/ckpt when it exists"""
+    eval_ckpt: str = ""
+    """instead of training, play the validation seeds once with this checkpoint file (ckpt/state.pt or a
+    state-uNNNNN.pt snapshot; 'base' = the zero adapter, i.e. the mid-trained base) and append the result to
+    out_dir/eval.jsonl"""
 
 
 ADVANTAGES = {"grpo": grpo_advantages}
@@ -209,16 +216,20 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit("error: --group_size must be >= 2 for group-relative advantages")
     if args.updates < 1 or args.tasks < 1 or args.minibatches < 1:
         raise SystemExit("error: --updates, --tasks and --minibatches must be >= 1")
+    if args.val_seed < args.train_pool:
+        raise SystemExit(f"error: --val_seed {args.val_seed} lies in the train pool 0..{args.train_pool - 1}")
+    if args.eval_ckpt not in ("", "base") and not os.path.isfile(args.eval_ckpt):
+        raise SystemExit(f"error: no checkpoint file {args.eval_ckpt!r}")
     args.out_dir = args.out_dir or f"runs/{args.algo}{tag}-{args.env}-s{args.seed}"
     return args
 
 
-def validate(policy, tok, args):
-    seeds = list(range(100_000, 100_000 + args.val_tasks))
+def validate(policy, tok, args, progress=False):
+    seeds = list(range(args.val_seed, args.val_seed + args.val_tasks))
     trajs = F.play(policy.lm, tok, args.env, seeds, 1, args.val_temperature, args.max_steps or None,
-                   args.history_length, args.max_new_tokens)
+                   args.history_length, args.max_new_tokens, progress=progress)
     m = F.summarize(trajs)
-    return {"val_success": m["success"], "val_valid_ratio": m["valid_ratio"]}
+    return {"val_success": m["success"], "val_valid_ratio": m["valid_ratio"], "val_mean_steps": m["mean_steps"]}
 
 
 def save_ckpt(accelerator, policy, opt, update, path, snapshot=False):
@@ -234,17 +245,36 @@ def save_ckpt(accelerator, policy, opt, update, path, snapshot=False):
         torch.save({"update": update, "params": trainable}, os.path.join(path, f"state-u{update:05d}.pt"))
 
 
-def load_ckpt(policy, opt, path):
-    state = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=False)
+def load_params(policy, file):
+    state = torch.load(file, map_location="cpu", weights_only=False)
     named = dict(policy.named_parameters())
     missing = [k for k in state["params"] if k not in named]
     if missing:
-        raise SystemExit(f"error: checkpoint {path} does not match this model ({len(missing)} unknown tensors)")
+        raise SystemExit(f"error: checkpoint {file} does not match this model ({len(missing)} unknown tensors)")
     with torch.no_grad():
         for k, v in state["params"].items():
             named[k].copy_(v)
+    return state
+
+
+def load_ckpt(policy, opt, path):
+    state = load_params(policy, os.path.join(path, "state.pt"))
     opt.load_state_dict(state["opt"])
     return state["update"]
+
+
+def evaluate(policy, tok, args):
+    """--eval_ckpt: one validation pass with a saved adapter, so that runs and the base meet on the same seeds."""
+    update = 0 if args.eval_ckpt == "base" else load_params(policy, args.eval_ckpt)["update"]
+    torch.manual_seed(args.seed)
+    m = {"ckpt": args.eval_ckpt, "update": update, "env": args.env, "val_seed": args.val_seed,
+         "val_tasks": args.val_tasks, "val_temperature": args.val_temperature,
+         **validate(policy, tok, args, progress=True)}
+    print(json.dumps(m))
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "eval.jsonl"), "a") as f:
+        f.write(json.dumps(m) + "\n")
+    return m
 
 
 def train(args, advantage_fn, make_policy=R.Policy, aux=None):
@@ -265,6 +295,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     torch.manual_seed(args.seed)  # identical LoRA init on every process
     policy = make_policy(F.add_lora(lm, r=args.lora_r))
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
+    if args.eval_ckpt:  # one pass on one process: run it with plain `python`
+        return evaluate(policy, tok, args) if accelerator.is_main_process else None
     start = 0
     ckpt = os.path.join(args.out_dir, "ckpt")
     if args.resume and os.path.exists(os.path.join(ckpt, "state.pt")):

@@ -60,6 +60,13 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     mod.main(quick(small_base, tmp_path, "--env", env, *extra)[:2] + ["--updates", "3"] +
              quick(small_base, tmp_path, "--env", env, *extra)[4:])
     assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]
+    # --eval_ckpt: a snapshot and the base meet on the same held-out seeds, through the run's own policy class
+    ev = [mod.main(quick(small_base, tmp_path, "--env", env, *extra) + ["--eval_ckpt", c, "--val_seed", "200000"])
+          for c in (os.path.join(tmp_path, "ckpt", "state-u00002.pt"), "base")]
+    assert [e["update"] for e in ev] == [2, 0] and all(0 <= e["val_success"] <= 1 for e in ev)
+    with open(os.path.join(tmp_path, "eval.jsonl")) as f:
+        assert [json.loads(line)["val_seed"] for line in f] == [200000, 200000]
+    assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]  # evaluating trains nothing
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -68,6 +75,8 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     (["03_grpo.py", "--model", "/no/such/checkpoint"], "cannot load model '/no/such/checkpoint'"),
     (["04_gigpo.py", "--group_size", "1"], "--group_size must be >= 2"),
     (["03_grpo.py", "--lr", "fast"], "invalid float value"),
+    (["03_grpo.py", "--eval_ckpt", "/no/such/state.pt"], "no checkpoint file '/no/such/state.pt'"),
+    (["03_grpo.py", "--val_seed", "7"], "--val_seed 7 lies in the train pool"),
 ])
 def test_bad_input_is_one_line(argv, msg):
     p = subprocess.run([sys.executable, *argv, "--updates", "1"], cwd=ROOT, capture_output=True, text=True,
