@@ -183,6 +183,9 @@ class Args:
     max_new_tokens: int = 64
     train_pool: int = 5000
     """train task seeds are drawn from 0..train_pool-1; validation seeds start at 100000"""
+    train_seeds: str = ""
+    """comma list: train on exactly these tasks every update instead (a sanity check that the loop can fit a few
+    tasks; --tasks is then their number)"""
     val_every: int = 20
     val_tasks: int = 32
     val_seed: int = 100_000
@@ -216,6 +219,12 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit("error: --group_size must be >= 2 for group-relative advantages")
     if args.updates < 1 or args.tasks < 1 or args.minibatches < 1:
         raise SystemExit("error: --updates, --tasks and --minibatches must be >= 1")
+    try:
+        fixed = [int(x) for x in args.train_seeds.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"error: --train_seeds must be comma-separated integers, got {args.train_seeds!r}")
+    if fixed:
+        args.tasks = len(fixed)
     if args.val_seed < args.train_pool:
         raise SystemExit(f"error: --val_seed {args.val_seed} lies in the train pool 0..{args.train_pool - 1}")
     if args.eval_ckpt not in ("", "base") and not os.path.isfile(args.eval_ckpt):
@@ -322,7 +331,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     try:
         for update_i in bar:
             t0 = time.time()
-            seeds = random.Random(args.seed * 100_003 + update_i).sample(range(args.train_pool), args.tasks)
+            seeds = [int(x) for x in args.train_seeds.split(",") if x.strip()] or \
+                random.Random(args.seed * 100_003 + update_i).sample(range(args.train_pool), args.tasks)
             torch.manual_seed(args.seed * 1_000_003 + update_i * world + rank)
             trajs, samples = R.collect(raw, tok, args.env, seeds[rank::world], args.group_size, args.temperature,
                                        args.max_steps or None, args.history_length, args.max_new_tokens)

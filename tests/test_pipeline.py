@@ -69,6 +69,14 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]  # evaluating trains nothing
 
 
+def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
+    G.main(quick(small_base, tmp_path, "--env", "webshop", "--train_seeds", "7,11", "--rollouts_every", "1",
+                 "--val_every", "0"))
+    for u in (1, 2):
+        with open(os.path.join(tmp_path, "rollouts", f"update{u:05d}-rank0.jsonl")) as f:
+            assert sorted({json.loads(line)["seed"] for line in f}) == [7, 11]
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["03_grpo.py", "--env", "minecraft"], "unknown env 'minecraft'"),
     (["05_seal.py", "--algo", "ppo"], "unknown algo 'ppo'"),
@@ -77,6 +85,7 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     (["03_grpo.py", "--lr", "fast"], "invalid float value"),
     (["03_grpo.py", "--eval_ckpt", "/no/such/state.pt"], "no checkpoint file '/no/such/state.pt'"),
     (["03_grpo.py", "--val_seed", "7"], "--val_seed 7 lies in the train pool"),
+    (["03_grpo.py", "--train_seeds", "3,x"], "--train_seeds must be comma-separated integers"),
 ])
 def test_bad_input_is_one_line(argv, msg):
     p = subprocess.run([sys.executable, *argv, "--updates", "1"], cwd=ROOT, capture_output=True, text=True,
