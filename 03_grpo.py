@@ -182,7 +182,7 @@ class Args:
     history_length: int = 2
     max_new_tokens: int = 64
     train_pool: int = 5000
-    """train task seeds are drawn from 0..train_pool-1; validation seeds start at 100000"""
+    """train task seeds are drawn from 0..train_pool-1 (validation seeds start at --val_seed)"""
     train_seeds: str = ""
     """comma list: train on exactly these tasks every update instead (a sanity check that the loop can fit a few
     tasks; --tasks is then their number)"""
@@ -209,6 +209,10 @@ class Args:
 ADVANTAGES = {"grpo": grpo_advantages}
 
 
+def fixed_seeds(args):
+    return [int(x) for x in args.train_seeds.split(",") if x.strip()]
+
+
 def check_args(args, advantages=ADVANTAGES, tag=""):
     """Bad flags end in one line, before any work starts."""
     if args.env not in F.ENVS:
@@ -220,7 +224,7 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
     if args.updates < 1 or args.tasks < 1 or args.minibatches < 1:
         raise SystemExit("error: --updates, --tasks and --minibatches must be >= 1")
     try:
-        fixed = [int(x) for x in args.train_seeds.split(",") if x.strip()]
+        fixed = fixed_seeds(args)
     except ValueError:
         raise SystemExit(f"error: --train_seeds must be comma-separated integers, got {args.train_seeds!r}")
     if fixed:
@@ -331,8 +335,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     try:
         for update_i in bar:
             t0 = time.time()
-            seeds = [int(x) for x in args.train_seeds.split(",") if x.strip()] or \
-                random.Random(args.seed * 100_003 + update_i).sample(range(args.train_pool), args.tasks)
+            rng = random.Random(args.seed * 100_003 + update_i)
+            seeds = fixed_seeds(args) or rng.sample(range(args.train_pool), args.tasks)
             torch.manual_seed(args.seed * 1_000_003 + update_i * world + rank)
             trajs, samples = R.collect(raw, tok, args.env, seeds[rank::world], args.group_size, args.temperature,
                                        args.max_steps or None, args.history_length, args.max_new_tokens)
