@@ -307,9 +307,9 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
         lm, tok = F.load_base(args.model, progress=False)
     torch.manual_seed(args.seed)  # identical LoRA init on every process
     policy = make_policy(F.add_lora(lm, r=args.lora_r))
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     if args.eval_ckpt:  # one pass on one process: run it with plain `python`
         return evaluate(policy, tok, args) if accelerator.is_main_process else None
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     start = 0
     ckpt = os.path.join(args.out_dir, "ckpt")
     if args.resume and os.path.exists(os.path.join(ckpt, "state.pt")):
