@@ -203,7 +203,7 @@ class Args:
     eval_ckpt: str = ""
     """instead of training, play the validation seeds once with this checkpoint file (ckpt/state.pt or a
     state-uNNNNN.pt snapshot; 'base' = the zero adapter, i.e. the mid-trained base) and append the result to
-    out_dir/eval.jsonl"""
+    out_dir/eval.jsonl (with per-seed wins, and a paired sign test against an earlier 'base' pass there)"""
 
 
 ADVANTAGES = {"grpo": grpo_advantages}
@@ -237,12 +237,25 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
     return args
 
 
-def validate(policy, tok, args, progress=False):
+def validate(policy, tok, args, progress=False, per_seed=False):
     seeds = list(range(args.val_seed, args.val_seed + args.val_tasks))
     trajs = F.play(policy.lm, tok, args.env, seeds, 1, args.val_temperature, args.max_steps or None,
                    args.history_length, args.max_new_tokens, progress=progress)
     m = F.summarize(trajs)
-    return {"val_success": m["success"], "val_valid_ratio": m["valid_ratio"], "val_mean_steps": m["mean_steps"]}
+    out = {"val_success": m["success"], "val_valid_ratio": m["valid_ratio"], "val_mean_steps": m["mean_steps"]}
+    if per_seed:  # one 0/1 per seed, in seed order, so that two policies can be compared task by task
+        out["val_won"] = [int(t["won"]) for t in trajs]
+    return out
+
+
+def sign_test(won_a, won_b):
+    """Paired comparison of two policies on the same tasks (McNemar's exact test): only the tasks where they
+    disagree count. gained = lost by a, won by b; p = two-sided binomial P(split at least this uneven | p=1/2)."""
+    gained = sum(b > a for a, b in zip(won_a, won_b))
+    lost = sum(a > b for a, b in zip(won_a, won_b))
+    n, k = gained + lost, min(gained, lost)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return {"gained": gained, "lost": lost, "p": p}
 
 
 def save_ckpt(accelerator, policy, opt, update, path, snapshot=False):
@@ -282,12 +295,25 @@ def evaluate(policy, tok, args):
     torch.manual_seed(args.seed)
     m = {"ckpt": args.eval_ckpt, "update": update, "env": args.env, "val_seed": args.val_seed,
          "val_tasks": args.val_tasks, "val_temperature": args.val_temperature,
-         **validate(policy, tok, args, progress=True)}
-    print(json.dumps(m))
+         **validate(policy, tok, args, progress=True, per_seed=True)}
+    file = os.path.join(args.out_dir, "eval.jsonl")
+    same = ("env", "val_seed", "val_tasks", "val_temperature")
+    base = [r for r in read_jsonl(file) if r["ckpt"] == "base" and "val_won" in r
+            and all(r[k] == m[k] for k in same)]
+    if base and args.eval_ckpt != "base":  # the latest base pass on the same seeds: a paired test is far tighter
+        m["vs_base"] = sign_test(base[-1]["val_won"], m["val_won"])
+    print(json.dumps({k: v for k, v in m.items() if k != "val_won"}))
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "eval.jsonl"), "a") as f:
+    with open(file, "a") as f:
         f.write(json.dumps(m) + "\n")
     return m
+
+
+def read_jsonl(file):
+    if not os.path.exists(file):
+        return []
+    with open(file) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def train(args, advantage_fn, make_policy=R.Policy, aux=None):

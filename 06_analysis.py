@@ -545,17 +545,12 @@ def all_pass(results):
 
 
 # --------------------------------------------------------------------------------------------- log analysis + plots
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_metrics(run):
     """metrics.jsonl of a run, one row per update (a resumed run may log an update twice: the last row wins)."""
     path = os.path.join(run, "metrics.jsonl")
     if not os.path.exists(path):
         raise SystemExit(f"error: no metrics.jsonl in {run!r} (a folder written by 03_grpo.py / 04 / 05)")
-    rows = {int(r["update"]): r for r in read_jsonl(path) if "update" in r}
+    rows = {int(r["update"]): r for r in G.read_jsonl(path) if "update" in r}
     return [rows[u] for u in sorted(rows)]
 
 
@@ -564,7 +559,7 @@ def load_rollouts(run):
     folder, out = os.path.join(run, "rollouts"), {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if name.startswith("update") and name.endswith(".jsonl"):
-            for ep in read_jsonl(os.path.join(folder, name)):
+            for ep in G.read_jsonl(os.path.join(folder, name)):
                 steps = ep["steps"]
                 ep["steps"] = json.loads(steps) if isinstance(steps, str) else steps
                 out.setdefault(int(name[6:11]), []).append(ep)

@@ -99,3 +99,15 @@ def test_two_process_update_equals_one_process(tmp_path):
         assert torch.allclose(v, b["params"][k], rtol=0, atol=1e-10), k
     assert sum(not torch.allclose(v, start[k]) for k, v in a["params"].items()) > len(start) // 2  # it did move
     assert a["stats"]["loss"] == pytest.approx(b["stats"]["loss"], rel=1e-5)
+
+
+def test_sign_test_matches_enumeration():
+    # p = probability, under a fair coin for each disagreeing task, of a split at least as uneven as the one seen
+    import itertools
+    a, b = [0, 0, 0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0, 1, 1]   # 4 gained, 1 lost, 3 ties
+    n, seen = 5, abs(4 - 1)
+    slow = sum(abs(2 * sum(x) - n) >= seen for x in itertools.product([0, 1], repeat=n)) / 2 ** n
+    r = G.sign_test(a, b)
+    assert (r["gained"], r["lost"]) == (4, 1) and abs(r["p"] - slow) < 1e-12
+    assert G.sign_test(b, a)["p"] == r["p"] and G.sign_test(a, a) == {"gained": 0, "lost": 0, "p": 1.0}
+

@@ -62,10 +62,16 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]
     # --eval_ckpt: a snapshot and the base meet on the same held-out seeds, through the run's own policy class
     ev = [mod.main(quick(small_base, tmp_path, "--env", env, *extra) + ["--eval_ckpt", c, "--val_seed", "200000"])
-          for c in (os.path.join(tmp_path, "ckpt", "state-u00002.pt"), "base")]
-    assert [e["update"] for e in ev] == [2, 0] and all(0 <= e["val_success"] <= 1 for e in ev)
+          for c in ("base", os.path.join(tmp_path, "ckpt", "state-u00002.pt"))]
+    assert [e["update"] for e in ev] == [0, 2] and all(0 <= e["val_success"] <= 1 for e in ev)
     with open(os.path.join(tmp_path, "eval.jsonl")) as f:
         assert [json.loads(line)["val_seed"] for line in f] == [200000, 200000]
+    # per-seed wins, and the snapshot is compared task by task with the base pass before it
+    assert all(len(e["val_won"]) == e["val_tasks"] and sum(e["val_won"]) / e["val_tasks"] == e["val_success"]
+               for e in ev)
+    diff = [b - a for a, b in zip(ev[0]["val_won"], ev[1]["val_won"])]
+    assert "vs_base" not in ev[0] and (ev[1]["vs_base"]["gained"], ev[1]["vs_base"]["lost"]) == (diff.count(1),
+                                                                                                 diff.count(-1))
     assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]  # evaluating trains nothing
 
 
