@@ -388,7 +388,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
                 bar.set_postfix(succ=f"{m['success']:.2f}", ent=f"{m.get('entropy', 0):.2f}",
                                 val=f"{m.get('val_success', float('nan')):.2f}")
             if args.rollouts_every and (update_i + 1) % args.rollouts_every == 0:  # for 06's hidden-state plots
-                R.save_jsonl(trajs, os.path.join(args.out_dir, "rollouts", f"update{update_i + 1:05d}-rank{rank}.jsonl"))
+                name = f"update{update_i + 1:05d}-rank{rank}.jsonl"
+                R.save_jsonl(trajs, os.path.join(args.out_dir, "rollouts", name))
             snap = bool(args.snapshot_every) and (update_i + 1) % args.snapshot_every == 0
             if (update_i + 1) % args.save_every == 0 or snap:
                 save_ckpt(accelerator, policy, opt, update_i + 1, ckpt, snap)
