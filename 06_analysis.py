@@ -661,15 +661,47 @@ def pca2(X):
     return Xc @ Vh[:2].T if Vh.shape[0] >= 2 else torch.cat([Xc @ Vh.T, torch.zeros(len(X), 1, dtype=X.dtype)], 1)
 
 
+BACK = ("click[< prev]", "click[back to search]")
+
+
+def webshop_outcomes(rollouts):
+    """Replay saved WebShop episodes (the env is deterministic) and count why each ended (WebShopEnv.outcome), and
+    the share of steps that navigate back: the move that recovers from a wrong item, so a policy that never makes it
+    cannot find a better purchase by sampling."""
+    env = F.make_env("webshop", max_steps=10 ** 6)  # the saved steps end each episode where the run's cap did
+    counts, back, steps = {}, 0, 0
+    for eps in rollouts.values():
+        for ep in eps:
+            env.reset(ep["seed"])
+            for s in ep["steps"]:
+                action = s["action"] if s["valid"] else None
+                back += action is not None and " ".join(action.lower().split()) in BACK
+                steps += 1
+                env.step(action)
+            counts[env.outcome()] = counts.get(env.outcome(), 0) + 1
+    return {"episodes": sum(counts.values()), "back_rate": back / max(steps, 1),
+            "outcomes": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
+
+
+def run_args(run):
+    path = os.path.join(run, "args.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def analyse_run(run, args):
     rows = load_metrics(run)
     ups, ent = series(rows, "entropy")
     ph = label_phases(ent, args.smooth, args.rise, args.rise_abs)
-    hid = hidden_states(load_rollouts(run))
+    rollouts = load_rollouts(run)
+    hid = hidden_states(rollouts)
     name = os.path.basename(os.path.normpath(run))
+    outcomes = webshop_outcomes(rollouts) if rollouts and run_args(run).get("env") == "webshop" else None
     return {"run": run, "name": name, "rows": rows, "updates": ups, "entropy": ent, "phases": ph,
             "eruptions": [tuple(ups[i] for i in iv) for iv in ph["intervals"]], "hidden": hid,
-            "separation": {u: fisher_ratio(X, w) for u, (X, w) in hid.items()}}
+            "separation": {u: fisher_ratio(X, w) for u, (X, w) in hid.items()}, "outcomes": outcomes}
 
 
 def run_stats(info, window):
@@ -690,7 +722,8 @@ def run_stats(info, window):
     sep = [(u, v) for u, v in info["separation"].items() if finite(v)]
     return {"updates": len(rows), "eruptions": info["eruptions"], "threshold": info["phases"]["threshold"],
             "per_phase": per_phase, "start_end": edge, "inside_outside": io,
-            "separation_first_last": (sep[0], sep[-1]) if sep else None, "rollout_updates": sorted(info["hidden"])}
+            "separation_first_last": (sep[0], sep[-1]) if sep else None, "rollout_updates": sorted(info["hidden"]),
+            "outcomes": info["outcomes"]}
 
 
 # plots
@@ -852,12 +885,9 @@ def run_interference(info, args):
     if not cks or not rollouts:
         out["note"] = f"not computed: {'no checkpoint' if not cks else 'no rollout records'} in {run}"
         return out
-    run_args = {}
-    if os.path.exists(os.path.join(run, "args.json")):
-        with open(os.path.join(run, "args.json")) as f:
-            run_args = json.load(f)
-    lm, tok = F.load_base(run_args.get("model", "tiny"), progress=False)
-    policy = R.Policy(F.add_lora(lm, r=run_args.get("lora_r", 16))).eval()
+    ra = run_args(run)
+    lm, tok = F.load_base(ra.get("model", "tiny"), progress=False)
+    policy = R.Policy(F.add_lora(lm, r=ra.get("lora_r", 16))).eval()
     named = dict(policy.named_parameters())
     for path in cks:
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -939,7 +969,13 @@ def write_summary(infos, stats, pngs, args, path):
                   "- separation (Fisher ratio of mean hidden states, correct vs wrong): " +
                   (f"update {sep[0][0]}: {fmt(sep[0][1])} -> update {sep[1][0]}: {fmt(sep[1][1])}" if sep else
                    f"n/a ({'no rollout records' if not st['rollout_updates'] else 'fewer than 2 correct or 2 wrong'}"
-                   " trajectories at every saved update)"), "",
+                   " trajectories at every saved update)")]
+        if st["outcomes"]:
+            oc = st["outcomes"]
+            lines.append(f"- WebShop outcomes of the {oc['episodes']} saved episodes (replayed): " +
+                         ", ".join(f"{k} {v}" for k, v in oc["outcomes"].items()) +
+                         f"; back-navigation steps ({' / '.join(BACK)}): {oc['back_rate']:.4f} of all steps")
+        lines += ["",
                   "| phase | updates | entropy | duplication | hallucination | valid ratio | success |",
                   "|---|---|---|---|---|---|---|"]
         for p, v in st["per_phase"].items():

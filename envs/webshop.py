@@ -243,6 +243,26 @@ class WebShopEnv:
                 "is_action_valid": valid, "expert_action": self._expert(), "page": self.page, "score": self.score,
                 "option_click": option_click, "hallucinated": hallucinated}
 
+    def outcome(self):
+        """Why the episode ended, for failure tables: 'won', 'no purchase' (steps ran out or not yet over), or the
+        first reason (in score order) the bought product missed: 'wrong type', 'missing attribute', 'over budget',
+        'option not offered' (the item lacks an asked option value), 'options not selected'."""
+        if self.won:
+            return "won"
+        if self.score is None:
+            return "no purchase"
+        g, p = self.goal, self.products[self.item]
+        offered = dict(p.options)
+        if p.ptype != g["product_type"]:
+            return "wrong type"
+        if not set(g["attributes"]) <= set(p.attrs):
+            return "missing attribute"
+        if p.price > g["budget"]:
+            return "over budget"
+        if not all(v in offered.get(k, ()) for k, v in g["options"].items()):
+            return "option not offered"
+        return "options not selected"
+
     # ------------------------------------------------------------------ expert
     def fits(self, product):
         """Does buying `product` (with the right options) score 1?"""

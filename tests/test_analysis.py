@@ -238,3 +238,22 @@ def test_interference_mode_on_a_run(tmp_path):
     assert p.exists() and p.stat().st_size > 1000
     text = (out / "summary.md").read_text()
     assert "no checkpoints on both sides of an eruption" in text and "(interference-grpo-alfworld-s0.png)" in text
+
+
+def test_webshop_outcomes_replays_saved_episodes():
+    env = F.make_env("webshop")
+    _, info = env.reset(7)
+    expert, done = [], False
+    while not done:  # the expert's own episode: a win
+        expert.append({"action": info["expert_action"], "valid": True})
+        _, _, done, info = env.step(info["expert_action"])
+    env.reset(7)
+    query = expert[0]["action"]
+    env.step(query)
+    first = next(a for a in env._admissible() if a.startswith("click[") and "search" not in a and "next" not in a)
+    browse = [{"action": query, "valid": True}, {"action": first, "valid": True},
+              {"action": "click[< prev]", "valid": True}, {"action": None, "valid": False}]
+    rollouts = {1: [{"seed": 7, "steps": expert}, {"seed": 7, "steps": browse}]}
+    r = A.webshop_outcomes(rollouts)
+    assert r["episodes"] == 2 and r["outcomes"] == {"won": 1, "no purchase": 1}
+    assert r["back_rate"] == pytest.approx(1 / (len(expert) + len(browse)))

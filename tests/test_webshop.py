@@ -158,6 +158,37 @@ def test_score_through_the_env():
         assert done and reward == 0.0 and info["score"] == 0.0
 
 
+def test_outcome_names_the_first_reason_a_purchase_missed():
+    """Buy random products of the goal's type (asked options clicked where offered): outcome() must name a reason
+    that holds, no earlier reason may hold, and every reason must turn up."""
+    import random
+    rng, seen = random.Random(0), set()
+    env = WebShopEnv(max_steps=100)
+    for seed in range(60):
+        env.reset(seed)
+        g = env.goal
+        assert env.outcome() == "no purchase"
+        same_type = [p for p in env.products if p.ptype == g["product_type"]]
+        target = next(p for p in env.products if p.asin == g["asin"])
+        product = rng.choice(same_type + [rng.choice(env.products)] + [target] * 4)
+        goto_item(env, product)
+        if rng.random() < 0.6:
+            for v in g["options"].values():
+                env.step(f"click[{v}]")  # a value the item lacks is a no-op
+        env.step("click[buy now]")
+        out, offered = env.outcome(), dict(product.options)
+        reasons = [("wrong type", product.ptype != g["product_type"]),
+                   ("missing attribute", not set(g["attributes"]) <= set(product.attrs)),
+                   ("over budget", product.price > g["budget"]),
+                   ("option not offered", not all(v in offered.get(k, ()) for k, v in g["options"].items())),
+                   ("options not selected", env.selected != g["options"])]
+        first = next((name for name, holds in reasons if holds), "won")
+        assert out == first and (out == "won") == env.won, (seed, out, reasons)
+        seen.add(out)
+    assert seen == {"won", "wrong type", "missing attribute", "over budget", "option not offered",
+                    "options not selected"}, seen
+
+
 def test_pages_and_navigation():
     env = WebShopEnv(max_steps=50)
     env.reset(0)
