@@ -337,22 +337,38 @@ def summarize(trajs):
 
 
 # --------------------------------------------------------------------------------------------- mid-training (SFT)
-def expert_demos(env_name, seeds, history_length, max_steps=None):
-    """Prompt/response pairs from the env's expert policy, as a datasets.Dataset."""
+PLACEHOLDER = re.compile(r"<\w+>")  # WebShop's search page offers "search[<query>]", a form rather than an action
+
+
+def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0):
+    """Prompt/response pairs from the env's expert policy, as a datasets.Dataset.
+
+    detour > 0 adds DAgger-style recoveries: before a recorded step, with probability `detour`, the episode first
+    takes a random admissible action that is not the expert's (not recorded, but shown in the history), and the
+    expert's way back from there is recorded. Without it every demo is a straight path: the WebShop expert clicks
+    the one fitting product using facts the results page hides (its options), so a model trained on straight paths
+    never sees an item that does not fit, never learns `< prev`, and RL cannot sample a recovery it gives ~0 chance."""
     from datasets import Dataset
     rows = []
     env = make_env(env_name)
     if max_steps:
         env.max_steps = max_steps
     for seed in seeds:
+        rng = random.Random(1_000_003 * seed + 17)
         obs, info = env.reset(seed)
-        history, done = [], False
+        history, done, detoured = [], False, False
         while not done and info.get("expert_action"):
             action = info["expert_action"]
-            rows.append({"env": env_name, "seed": seed,
-                         "prompt": build_prompt(env_name, info["task"], obs, info["admissible_actions"], history,
-                                                history_length),
-                         "response": expert_response(env_name, info["task"], action)})
+            others = [a for a in info["admissible_actions"]
+                      if a != action and not PLACEHOLDER.search(a) and a != "click[buy now]"]
+            if detour and not detoured and others and rng.random() < detour:
+                action, detoured = rng.choice(others), True  # a step off the path; the expert's recovery is recorded
+            else:
+                detoured = False
+                rows.append({"env": env_name, "seed": seed,
+                             "prompt": build_prompt(env_name, info["task"], obs, info["admissible_actions"], history,
+                                                    history_length),
+                             "response": expert_response(env_name, info["task"], action)})
             history.append((obs, action))
             obs, _, done, info = env.step(action)
     return Dataset.from_list(rows)
@@ -424,6 +440,10 @@ class Args:
     demo_tasks: int = 300
     """expert episodes per env for the SFT data (train seeds 0..); an env with shorter episodes gets up to 2x more,
     so that the SFT mix is closer to even in rows"""
+    detour: float = 0.3
+    """chance of a random off-path step (then the expert's recovery) before a demo step; see expert_demos()"""
+    detour_envs: str = "webshop"
+    """envs whose demos get detours (ALFWorld's expert path is already learnable from what the agent sees)"""
     sft_steps: int = 2500
     sft_lr: float = 2e-3
     sft_batch: int = 16
@@ -460,12 +480,13 @@ def build_base(args, progress=True):
         with open(os.path.join(path, "base.json")) as f:
             return model.eval(), tok, json.load(f)
     t0 = time.time()
-    demos = {e: expert_demos(e, range(args.demo_tasks), args.history_length) for e in env_names}
+    detour = lambda e: args.detour if e in args.detour_envs.split(",") else 0.0
+    demos = {e: expert_demos(e, range(args.demo_tasks), args.history_length, detour=detour(e)) for e in env_names}
     most = max(len(d) for d in demos.values())
     for e, d in demos.items():
         n = min(2 * args.demo_tasks, -(-args.demo_tasks * most // max(len(d), 1)))
         if n > args.demo_tasks:
-            demos[e] = expert_demos(e, range(n), args.history_length)
+            demos[e] = expert_demos(e, range(n), args.history_length, detour=detour(e))
     if args.model == "tiny":
         corpus = [CHATML_EXAMPLE.format(prompt=r["prompt"], response=r["response"]) for d in demos.values() for r in d]
         tok = train_tokenizer(corpus, args.vocab_size)

@@ -1,6 +1,7 @@
 import pytest
 
 from conftest import load
+from envs import make_env
 
 F = load("01_formats")
 
@@ -38,6 +39,31 @@ def test_expert_response_parses_back():
     for env, action in [("alfworld", "heat egg 1 with microwave 1"), ("webshop", "click[buy now]"),
                         ("webshop", "search[red shoes]")]:
         assert F.parse_action(F.expert_response(env, "do the thing.", action)) == (action, True)
+
+
+def test_detour_demos_record_the_expert_recovery():
+    import re
+    straight = F.expert_demos("webshop", range(40), 2)
+    assert not any("< prev" in r["response"] for r in straight)
+    rows = F.expert_demos("webshop", range(40), 2, detour=0.5)
+    assert rows.to_list() == F.expert_demos("webshop", range(40), 2, detour=0.5).to_list()  # seeded
+    assert len(rows) > len(straight)
+    backs = [r for r in rows if F.parse_action(r["response"])[0] == "click[< prev]"]
+    assert len(backs) >= 5
+    env = make_env("webshop")
+    for seed in sorted({r["seed"] for r in rows}):  # replay: every detour is off the expert's path, every row on it
+        _, info = env.reset(seed)
+        taken = 0
+        for r in [r for r in rows if r["seed"] == seed]:
+            shown = int(re.search(r"already taken (\d+) step", r["prompt"]).group(1)) if taken else 0
+            if shown == taken + 1:  # one unrecorded step since the last row: the detour, last in the history
+                detour = re.findall(r"Action \d+: '([^']*)'\]", r["prompt"])[-1]
+                assert detour != info["expert_action"] and detour in info["admissible_actions"]
+                _, _, _, info = env.step(detour)
+                taken += 1
+            assert shown == taken and F.parse_action(r["response"]) == (info["expert_action"], True)
+            _, _, _, info = env.step(info["expert_action"])
+            taken += 1
 
 
 def test_unknown_env_is_a_clear_error():
