@@ -678,7 +678,8 @@ def webshop_outcomes(rollouts):
                 back += action is not None and " ".join(action.lower().split()) in BACK
                 steps += 1
                 env.step(action)
-            counts[env.outcome()] = counts.get(env.outcome(), 0) + 1
+            end = env.outcome()
+            counts[end] = counts.get(end, 0) + 1
     return {"episodes": sum(counts.values()), "back_rate": back / max(steps, 1),
             "outcomes": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
 

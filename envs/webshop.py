@@ -251,24 +251,25 @@ class WebShopEnv:
             return "won"
         if self.score is None:
             return "no purchase"
-        g, p = self.goal, self.products[self.item]
-        offered = dict(p.options)
-        if p.ptype != g["product_type"]:
+        return self.miss(self.products[self.item]) or "options not selected"
+
+    # ------------------------------------------------------------------ expert
+    def miss(self, product):
+        """The first reason, in score order, buying `product` cannot score 1, or None when it fits."""
+        g, offered = self.goal, dict(product.options)
+        if product.ptype != g["product_type"]:
             return "wrong type"
-        if not set(g["attributes"]) <= set(p.attrs):
+        if not set(g["attributes"]) <= set(product.attrs):
             return "missing attribute"
-        if p.price > g["budget"]:
+        if product.price > g["budget"]:
             return "over budget"
         if not all(v in offered.get(k, ()) for k, v in g["options"].items()):
             return "option not offered"
-        return "options not selected"
+        return None
 
-    # ------------------------------------------------------------------ expert
     def fits(self, product):
         """Does buying `product` (with the right options) score 1?"""
-        g, opts = self.goal, dict(product.options)
-        return (product.ptype == g["product_type"] and set(g["attributes"]) <= set(product.attrs)
-                and all(v in opts.get(k, ()) for k, v in g["options"].items()) and product.price <= g["budget"])
+        return self.miss(product) is None
 
     def _expert(self):
         """The next command of a policy that wins from the current state (it re-plans from wherever the agent is)."""
