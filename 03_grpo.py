@@ -15,6 +15,7 @@ Token-mean aggregation over all response tokens T of the mini-batch (across proc
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
     python 03_grpo.py --env webshop --eval_ckpt runs/grpo-webshop-s0/ckpt/state.pt --val_tasks 256  # evaluate
 """
+import contextlib
 import importlib
 import json
 import math
@@ -112,30 +113,47 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
     stats = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "grad_norm": 0.0}
     order = list(range(len(samples)))
     chunks = [order[k::args.minibatches] for k in range(args.minibatches)]
+    micro = getattr(args, "micro_batch", 0) or len(samples)
     for _ in range(args.ppo_epochs):
         for idx in chunks:
-            part = [samples[i] for i in idx]
-            b = F.pack(tok, part, device)
-            old = R.pack_values([s["old_logp"] for s in part], b["mask"])
-            ref = R.pack_values([s["ref_logp"] for s in part], b["mask"])
-            adv = torch.tensor([s["adv"] for s in part], device=device).unsqueeze(1).expand_as(b["mask"])
-            logp, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
-            loss_tok, clipped, kl = token_losses(logp, old, ref, adv, args.clip_eps, args.kl_coef)
-            extra = {}
-            if aux is not None:
-                aux_tok, extra = aux(raw, h, b, adv)
-                loss_tok = loss_tok + aux_tok
-            m = b["mask"]
-            n_global = all_sum(accelerator, m.sum().item())
-            loss = (loss_tok * m).sum() / max(n_global, 1) * accelerator.num_processes
+            # Micro-batches of similar length: padding a 55 x 700-token batch to its longest row cost 2.5x the time
+            # of the same tokens in sorted chunks of 16. Gradients add up, so the step is the same as one big batch.
+            idx = sorted(idx, key=lambda i: len(samples[i]["prompt_ids"]) + len(samples[i]["response_ids"]))
+            parts = [idx[k:k + micro] for k in range(0, len(idx), micro)]
+            n_local = sum(len(samples[i]["response_ids"]) for i in idx)
+            n_global = all_sum(accelerator, n_local)
             opt.zero_grad()
-            accelerator.backward(loss)
+            loss_sum = clip_sum = kl_sum = 0.0
+            extra = {}
+            for j, part_idx in enumerate(parts):
+                part = [samples[i] for i in part_idx]
+                b = F.pack(tok, part, device)
+                old = R.pack_values([s["old_logp"] for s in part], b["mask"])
+                ref = R.pack_values([s["ref_logp"] for s in part], b["mask"])
+                adv = torch.tensor([s["adv"] for s in part], device=device).unsqueeze(1).expand_as(b["mask"])
+                # only the last micro-batch syncs gradients across processes (DDP sums what was accumulated)
+                sync = contextlib.nullcontext() if j == len(parts) - 1 else accelerator.no_sync(policy)
+                with sync:
+                    logp, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+                    loss_tok, clipped, kl = token_losses(logp, old, ref, adv, args.clip_eps, args.kl_coef)
+                    if aux is not None:
+                        aux_tok, aux_m = aux(raw, h, b, adv)
+                        loss_tok = loss_tok + aux_tok
+                        share = b["mask"].sum().item() / max(n_local, 1)  # token-weighted mean over micro-batches
+                        for k, v in aux_m.items():
+                            extra[k] = extra.get(k, 0.0) + share * v
+                    m = b["mask"]
+                    loss = (loss_tok * m).sum() / max(n_global, 1) * accelerator.num_processes
+                    accelerator.backward(loss)
+                loss_sum += loss.item()
+                clip_sum += (clipped * m).sum().item()
+                kl_sum += (kl * m).sum().item()
             gn = accelerator.clip_grad_norm_(raw.parameters(), args.max_grad_norm)
             opt.step()
             w = 1.0 / (args.minibatches * args.ppo_epochs)
-            stats["loss"] += w * all_sum(accelerator, loss.item()) / accelerator.num_processes
-            stats["pg_clipfrac"] += w * all_sum(accelerator, (clipped * m).sum().item()) / max(n_global, 1)
-            stats["kl"] += w * all_sum(accelerator, (kl * m).sum().item()) / max(n_global, 1)
+            stats["loss"] += w * all_sum(accelerator, loss_sum) / accelerator.num_processes
+            stats["pg_clipfrac"] += w * all_sum(accelerator, clip_sum) / max(n_global, 1)
+            stats["kl"] += w * all_sum(accelerator, kl_sum) / max(n_global, 1)
             stats["grad_norm"] += w * float(gn)
             for k, v in extra.items():
                 stats[k] = stats.get(k, 0.0) + w * all_sum(accelerator, v) / accelerator.num_processes
@@ -175,6 +193,8 @@ class Args:
     kl_coef: float = 0.01
     ppo_epochs: int = 1
     minibatches: int = 2
+    micro_batch: int = 16
+    """samples per forward/backward inside a minibatch (gradients accumulate; the step does not change)"""
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     max_steps: int = 0

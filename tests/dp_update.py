@@ -50,7 +50,8 @@ def main(out):
     # plain SGD: unlike Adam it is not scale-invariant, so a wrongly scaled gradient shows
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
     policy, opt = acc.prepare(policy, opt)
-    args = SimpleNamespace(minibatches=1, ppo_epochs=2, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0)
+    # micro_batch 3: one process splits its 8 samples 3+3+2, each of two processes its 4 as 3+1 (no_sync path)
+    args = SimpleNamespace(minibatches=1, ppo_epochs=2, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0, micro_batch=3)
     stats = G.update(policy, opt, acc, Tok, samples[acc.process_index::acc.num_processes], args)
     if acc.is_main_process:
         raw = acc.unwrap_model(policy)

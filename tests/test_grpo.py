@@ -78,6 +78,23 @@ def test_update_loss_matches_slow_reference():
     assert 0 < stats["pg_clipfrac"] < 1 and stats["kl"] > 0
 
 
+def test_micro_batches_give_the_same_step_as_one_batch():
+    from accelerate import Accelerator
+    after = []
+    for micro in (0, 3):  # 0 = the whole minibatch in one forward
+        policy = dp_update.build()
+        samples = dp_update.batch(policy)
+        opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
+        args = SimpleNamespace(minibatches=2, ppo_epochs=1, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0,
+                               micro_batch=micro)
+        stats = G.update(policy, opt, Accelerator(), dp_update.Tok, samples, args)
+        after.append(({k: v.detach().clone() for k, v in policy.named_parameters() if v.requires_grad}, stats))
+    (a, sa), (b, sb) = after
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-12), k
+    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-9) and sa["kl"] == pytest.approx(sb["kl"], rel=1e-9)
+
+
 def test_two_process_update_equals_one_process(tmp_path):
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
