@@ -67,7 +67,6 @@ def test_detour_demos_record_the_expert_recovery():
 
 
 def test_unknown_env_is_a_clear_error():
-    from envs import make_env
     with pytest.raises(ValueError, match="alfworld, webshop"):
         make_env("minecraft")
 
