@@ -113,3 +113,18 @@ def test_sft_prompt_weight_trains_the_prompt_tokens_too():
     assert a0[0] < b0[0] and a1[0] < b1[0]  # both learn the responses
     assert a1[1] < a0[1] - 0.5  # only the weighted run learns the prompt text
     assert len(l1) == 30 and l1[-1] < l1[0]  # what sft() reports is the response NLL, and it falls
+
+
+def test_sft_micro_batches_give_the_same_step_as_one_batch():
+    import torch
+    data = F.expert_demos("webshop", range(4), 2, detour=0.3)
+    tok = F.train_tokenizer([F.CHATML_EXAMPLE.format(**r) for r in data], 400)
+    params, losses = [], []
+    for micro in (0, 3):  # 0 = the whole batch at once; 3 does not divide 8, so the last micro-batch is short
+        model = F.tiny_model(len(tok), 0, layers=1, hidden=64).double()
+        losses.append(F.sft(model, tok, data, 3, 3e-3, 8, 0, progress=False, prompt_weight=1.0, micro_batch=micro))
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert (params[0] - params[1]).abs().max() < 1e-10
+    assert abs(losses[0][-1] - losses[1][-1]) < 1e-5  # sft() takes the NLL in float32
+    before = torch.cat([p.detach().flatten() for p in F.tiny_model(len(tok), 0, layers=1, hidden=64).parameters()])
+    assert (params[0] - before.double()).abs().max() > 1e-4  # the steps did move the weights
