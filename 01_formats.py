@@ -398,7 +398,7 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
     objects appear in the observation, the admissible list and the history), so predicting them rewards copying
     from the context; with response-only loss the tiny model memorised training ids and queries instead of copying.
     Each batch runs as length-sorted micro-batches whose gradients add up to the batch's: padding 16 random demos
-    to the longest cost 1.5x their real tokens and 1.9x the time of the same step in sorted micro-batches of 4.
+    to the longest cost 1.8 s a step in the default build, sorted micro-batches of 4 cost 1.1 s.
     Returns the list of response losses."""
     if steps <= 0:
         return []
@@ -418,8 +418,9 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
         n_prompt = max(sum(len(p["prompt_ids"]) - 1 for p in batch), 1)
         opt.zero_grad()
         resp_loss = 0.0
-        for k in range(0, len(batch), micro_batch or len(batch)):
-            b = pack(tok, batch[k:k + (micro_batch or len(batch))])
+        micro = micro_batch or len(batch)
+        for k in range(0, len(batch), micro):
+            b = pack(tok, batch[k:k + micro])
             hidden = body(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state[:, :-1]
             nll = Fn.cross_entropy(head(hidden).flatten(0, 1).float(), b["input_ids"][:, 1:].flatten(),
                                    reduction="none").view(hidden.shape[:2])
