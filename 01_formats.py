@@ -384,6 +384,14 @@ def demo_pairs(tok, dataset, max_len=1024):
     return pairs
 
 
+def micro_batches(samples, size):
+    """Samples sorted by prompt+response length, cut into runs of `size` (0 = one run): padding each run to its own
+    longest row wastes far fewer tokens than padding a random batch. Callers add up the runs' gradients."""
+    ordered = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
+    size = size or len(ordered)
+    return [ordered[k:k + size] for k in range(0, len(ordered), size)]
+
+
 def shifted_masks(b):
     """For next-token targets input_ids[:, 1:] of a pack() batch: (response mask, prompt mask), each [B, T-1]."""
     resp = torch.zeros_like(b["attention_mask"][:, 1:], dtype=torch.float).scatter_(1, b["gather_index"], b["mask"])
@@ -411,16 +419,14 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
     body, head = body_and_head(model)
     losses = []
     for step in tqdm(range(steps), desc="mid-training SFT", disable=not progress):
-        batch = sorted((pairs[rng.randrange(len(pairs))] for _ in range(batch_size)),
-                       key=lambda p: len(p["prompt_ids"]) + len(p["response_ids"]))
+        batch = [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)]
         # the loss is a mean over the whole batch's tokens, so each micro-batch divides by the batch's counts
         n_resp = sum(len(p["response_ids"]) for p in batch)
         n_prompt = max(sum(len(p["prompt_ids"]) - 1 for p in batch), 1)
         opt.zero_grad()
         resp_loss = 0.0
-        micro = micro_batch or len(batch)
-        for k in range(0, len(batch), micro):
-            b = pack(tok, batch[k:k + micro])
+        for part in micro_batches(batch, micro_batch):
+            b = pack(tok, part)
             hidden = body(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state[:, :-1]
             nll = Fn.cross_entropy(head(hidden).flatten(0, 1).float(), b["input_ids"][:, 1:].flatten(),
                                    reduction="none").view(hidden.shape[:2])
