@@ -2,15 +2,24 @@
 
 Everything the agent reads and writes goes through this file.
 
-Prompt (verl-agent): the task, the last k records "[Observation n: '...', Action n: '...']", the current observation
-and the admissible actions, wrapped in the model's chat template (ChatML for Qwen).
+Prompt (verl-agent's templates, our copy of the wording): the task, the last k records
+"[Observation n: '...', Action n: '...']" joined by newlines, the current observation and the admissible actions
+(ALFWorld: joined by newline + space; WebShop: one per line, each followed by a comma; WebShop observations show
+only the [SEP] parts after the instruction, each in single quotes), in the model's chat template (ChatML for Qwen).
+The first step uses the shorter template without history.
 
-Response and validity rule (verl-agent's projection):
+Response and projection (verl-agent's alfworld/webshop projection):
     response = "<think> ... </think><action> ... </action>"
-    valid(response) = has <think>...</think>  and  has <action>...</action>  and  no CJK characters
-    action = lower(strip(text between the first <action> and the following </action>))
-Validity is about format only; an inadmissible but well-formed action is valid and simply does nothing in the env.
-An invalid response costs a penalty of 0.1 (applied by the trainer, see 03_grpo.py).
+    action   = lower(text)[first "<action>" + 8 : first "</action>"].strip()     ("" when </action> comes first)
+             = lower(text)[-30:] (ALFWorld) / lower(text)[-20:] (WebShop)      when either action tag is missing
+    valid    = both action tags present  and  "<think>" and "</think>" in text (case-sensitive, any order)
+               and  no CJK character [\u4e00-\u9fff]
+The env always receives the action, valid or not, and the history records it; validity only decides the -0.1
+penalty (applied by the trainer, see 03_grpo.py). An inadmissible action does nothing in the env.
+
+Deviations from the reference (flags of Args below):
+    --history_length 2   verl-agent shows the last 5 steps; 2 keeps prompts CPU-sized (pass 5 for a real model)
+    the WebShop results page shows product ids lower-case (WebShop: upper-case), so the tiny model can copy them
 
 Embedded default model ("--model tiny"): a Qwen2ForCausalLM built from a config (random init, ~1M parameters) with a
 byte-level BPE trained here on environment text. It is "mid-trained" (as the paper mid-trains Llama) by SFT on expert
@@ -37,49 +46,67 @@ import torch.nn.functional as Fn
 
 from envs import make_env, ENVS
 
+ROOT = os.path.dirname(os.path.abspath(__file__))  # paths the project ships resolve from here, not from the cwd
+
 # --------------------------------------------------------------------------------------------- prompts (verl-agent)
-INSTRUCTIONS = (
-    "\nNow it's your turn to take an action.\n"
-    "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
-    "within <think> </think> tags. \nOnce you've finished your reasoning, you should choose an admissible action for "
-    "current step and present it within <action> </action> tags.\n")
+# Our own copy of the wording of verl-agent's agent_system/environments/prompts/{alfworld,webshop}.py (upstream, with
+# its "observaitons" typo fixed), filled in as its env_manager.py does. The trailing spaces and WebShop's
+# non-breaking hyphen in "e\u2011commerce" are part of the reference text.
+ALF_ASK = ("\nNow it's your turn to take an action.\n"
+           "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
+           "within <think> </think> tags. \nOnce you've finished your reasoning, you should choose an admissible "
+           "action for current step and present it within <action> </action> tags.\n")
+SHOP_ASK = ("\nNow it's your turn to take one action for the current step.\n"
+            "You should first reason step-by-step about the current situation, then think carefully which admissible "
+            "action best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> "
+            "tags. \nOnce you've finished your reasoning, you should choose an admissible action for current step and "
+            "present it within <action> </action> tags.\n")
+PAST = ("Prior to this step, you have already taken {step_count} step(s). Below are the most recent {history_length} "
+        "observations and the corresponding actions you took: {history}\n")
+SHOP = "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment."
 TEMPLATES = {
-    "alfworld": (
-        "\nYou are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {task}\n"
-        "Prior to this step, you have already taken {step_count} step(s). Below are the most recent {history_length} "
-        "observaitons and the corresponding actions you took: {history}\n"
-        "You are now at step {current_step} and your current observation is: {obs}\n"
-        "Your admissible actions of the current situation are: [{actions}].\n" + INSTRUCTIONS),
-    "webshop": (
-        "\nYou are an expert autonomous agent operating in the WebShop e-commerce environment. \n"
-        "Your task is to: {task}.\n"
-        "Prior to this step, you have already taken {step_count} step(s). Below are the most recent {history_length} "
-        "observations and the corresponding actions you took: {history}\n"
-        "You are now at step {current_step} and your current observation is: {obs}.\n"
-        "Your admissible actions of the current situation are: \n[\n{actions}\n].\n" + INSTRUCTIONS),
+    "alfworld": ("\nYou are an expert agent operating in the ALFRED Embodied Environment. Your task is to: {task}\n"
+                 + PAST + "You are now at step {current_step} and your current observation is: {obs}\n"
+                 "Your admissible actions of the current situation are: [{actions}].\n" + ALF_ASK),
+    "webshop": (SHOP + "\nYour task is to: {task}.\n" + PAST +
+                "You are now at step {current_step} and your current observation is: {obs}.\n"
+                "Your admissible actions of the current situation are: \n[\n{actions}\n].\n" + SHOP_ASK),
 }
-NO_HISTORY = {  # step 0: verl-agent uses a shorter template without the history lines
+NO_HISTORY = {  # the first step (or history_length 0): verl-agent's shorter template without the history lines
     "alfworld": ("\nYou are an expert agent operating in the ALFRED Embodied Environment.\n"
                  "Your current observation is: {obs}\n"
-                 "Your admissible actions of the current situation are: [{actions}].\n" + INSTRUCTIONS),
-    "webshop": ("\nYou are an expert autonomous agent operating in the WebShop e-commerce environment.\n"
-                "Your task is to: {task}.\nYour current observation is: {obs}.\n"
-                "Your admissible actions of the current situation are: \n[\n{actions}\n].\n" + INSTRUCTIONS),
+                 "Your admissible actions of the current situation are: [{actions}].\n" + ALF_ASK),
+    "webshop": (SHOP + " \nYour task is to: {task}.\nYour current observation is: {obs}.\n"
+                "Your admissible actions of the current situation are: \n[\n{actions}\n].\n" + SHOP_ASK),
 }
+
+
+def view(env_name, task, obs):
+    """The observation as the prompt shows it. WebShop (verl-agent's format_obs): only the [SEP] parts after the
+    instruction, each in single quotes; the raw text when the instruction is not among the parts."""
+    if env_name != "webshop":
+        return obs
+    parts = obs.split(" [SEP] ")
+    if task not in parts:
+        return obs
+    return " [SEP] ".join(f"'{p}'" for p in parts[parts.index(task) + 1:])
 
 
 def build_prompt(env_name, task, obs, admissible, history, history_length):
-    """history: list of (observation, action) already taken; only the last `history_length` are shown."""
+    """history: list of (raw observation, projected action) already taken; only the last `history_length` shown."""
     task = task_text(task)
-    sep = ", " if env_name == "alfworld" else ",\n"
-    actions = sep.join(f"'{a}'" for a in admissible)
-    if not history:
-        return NO_HISTORY[env_name].format(task=task, obs=obs, actions=actions)
-    recent = history[-history_length:] if history_length > 0 else []
+    if env_name == "alfworld":
+        actions = "\n ".join(f"'{a}'" for a in admissible)
+    else:
+        actions = "\n".join(f"'{a}'," for a in admissible)
+    if not history or history_length <= 0:
+        return NO_HISTORY[env_name].format(task=task, obs=view(env_name, task, obs), actions=actions)
+    recent = history[-history_length:]
     first = len(history) - len(recent) + 1
-    lines = "".join(f"\n[Observation {first + i}: '{o}', Action {first + i}: '{a}']" for i, (o, a) in enumerate(recent))
+    lines = "\n".join(f"[Observation {first + i}: '{view(env_name, task, o)}', Action {first + i}: '{a}']"
+                      for i, (o, a) in enumerate(recent))
     return TEMPLATES[env_name].format(task=task, step_count=len(history), history_length=len(recent), history=lines,
-                                      current_step=len(history) + 1, obs=obs, actions=actions)
+                                      current_step=len(history) + 1, obs=view(env_name, task, obs), actions=actions)
 
 
 def task_text(task):
@@ -91,26 +118,19 @@ def task_text(task):
 
 # --------------------------------------------------------------------------------------------- parser
 CJK = re.compile(r"[\u4e00-\u9fff]")
+TAIL = {"alfworld": 30, "webshop": 20}  # characters sent when the action tags are missing (verl-agent's projection)
 
 
-def parse_action(text):
-    """verl-agent's projection. Returns (action, valid); action is None when there is no <action>...</action>."""
+def parse_action(text, env_name="alfworld"):
+    """verl-agent's projection: (the action the env receives, valid). The action is always a string: a response
+    without both action tags still sends its last 30 (ALFWorld) / 20 (WebShop) lower-cased characters."""
     low = text.lower()
-    start, end = low.find("<action>"), -1
-    if start != -1:
-        end = low.find("</action>", start)
+    start, end = low.find("<action>"), low.find("</action>")  # both searched from the start of the text
     if start == -1 or end == -1:
-        return None, False
-    action = low[start + len("<action>"):end].strip()
-    think_start = low.find("<think>")
-    valid = think_start != -1 and low.find("</think>", think_start) != -1 and not CJK.search(text)
+        return low[-TAIL.get(env_name, 30):], False
+    action = low[start + len("<action>"):end].strip()  # empty when </action> comes first
+    valid = "<think>" in text and "</think>" in text and not CJK.search(text)  # case-sensitive, any order
     return action, valid
-
-
-def env_action(text):
-    """What the env receives: the action of a valid response, None (a no-op) otherwise."""
-    action, valid = parse_action(text)
-    return action if valid else None
 
 
 INVALID_PENALTY = 0.1
@@ -221,12 +241,16 @@ def body_and_head(lm):
 
 
 def response_hidden(lm, input_ids, attention_mask, gather_index):
-    """Last-layer hidden states (after the final norm) at the positions that predict the response tokens.
+    """Last-layer hidden states (after the final norm): (at the positions that predict the response tokens y_1..y_R,
+    at the response tokens themselves). The second is one position later (y_R's is the end-of-turn token's): the
+    states SEAL's head and the paper's representation analysis read.
 
-    Applying the unembedding only there, not at every prompt position, is most of the cost saved on long prompts.
+    Applying the unembedding only at the first, not at every prompt position, is most of the cost saved on long
+    prompts. pack() leaves room for the later index: a row's last response token sits inside the padded batch.
     """
     hidden = body_and_head(lm)[0](input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return hidden.gather(1, gather_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    idx = gather_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    return hidden.gather(1, idx), hidden.gather(1, idx + 1)
 
 
 def pack(tok, samples, device="cpu"):
@@ -313,13 +337,13 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
         for i, prompt, resp in zip(active, prompts, responses):
             obs, info, history = state[i]
             text = tok.decode(resp, skip_special_tokens=True)
-            action, valid = parse_action(text)
-            next_obs, reward, done, next_info = envs[i].step(action if valid else None)
+            action, valid = parse_action(text, env_name)  # executed even when invalid: validity only costs 0.1
+            next_obs, reward, done, next_info = envs[i].step(action)
             trajs[i]["steps"].append({
                 "prompt": prompt, "response_ids": resp, "response": text, "action": action, "valid": valid,
                 "reward": float(reward), "obs": obs, "done": bool(done),
                 "extras": {k: next_info.get(k) for k in ("hallucinated", "option_click", "score") if k in next_info}})
-            history = history + [(obs, action if valid else text[-30:])]
+            history = history + [(obs, action)]
             state[i] = (next_obs, next_info, history)
             if next_info.get("won"):
                 trajs[i]["won"] = True
@@ -337,7 +361,7 @@ def summarize(trajs):
 
 
 # --------------------------------------------------------------------------------------------- mid-training (SFT)
-PLACEHOLDER = re.compile(r"<\w+>")  # WebShop's search page offers "search[<query>]", a form rather than an action
+PLACEHOLDER = "search[<your query>]"  # WebShop's search box: a form to fill in, not an action to take
 
 
 def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0):
@@ -360,7 +384,7 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0):
         while not done and info.get("expert_action"):
             action = info["expert_action"]
             others = [a for a in info["admissible_actions"]
-                      if a != action and not PLACEHOLDER.search(a) and a != "click[buy now]"]
+                      if a not in (action, PLACEHOLDER, "click[buy now]")]
             if detour and not detoured and others and rng.random() < detour:
                 action, detoured = rng.choice(others), True  # a step off the path; the expert's recovery is recorded
             else:
@@ -449,8 +473,8 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
 class Args:
     model: str = "tiny"
     """'tiny' (the embedded default, built and cached here), or a Hugging Face id / local folder"""
-    out_dir: str = "runs/base"
-    """where the mid-trained base (model + tokenizer) is saved"""
+    out_dir: str = os.path.join(ROOT, "base")
+    """where the mid-trained base (model + tokenizer) is saved; the project ships its build in base/tiny"""
     envs: str = "alfworld,webshop"
     """the envs whose expert demos the base is mid-trained on and evaluated in"""
     seed: int = 0
@@ -487,6 +511,10 @@ def base_dir(args):
     return os.path.join(args.out_dir, "tiny" if args.model == "tiny" else os.path.basename(args.model.rstrip("/")))
 
 
+def detour_of(args, env_name):
+    return args.detour if env_name in args.detour_envs.split(",") else 0.0
+
+
 def build_base(args, progress=True):
     """Build (or load the cached) mid-trained base. Returns (model, tokenizer, report dict)."""
     env_names = [e for e in args.envs.split(",") if e]
@@ -499,13 +527,16 @@ def build_base(args, progress=True):
         with open(os.path.join(path, "base.json")) as f:
             return model.eval(), tok, json.load(f)
     t0 = time.time()
-    detour = lambda e: args.detour if e in args.detour_envs.split(",") else 0.0
-    demos = {e: expert_demos(e, range(args.demo_tasks), args.history_length, detour=detour(e)) for e in env_names}
+    if progress:
+        print(f"building the mid-trained base in {path} (SFT on expert demos of {', '.join(env_names)}; "
+              f"about 45 min on 2 CPU cores, once: later runs load it from there)", flush=True)
+    demos = {e: expert_demos(e, range(args.demo_tasks), args.history_length, detour=detour_of(args, e))
+             for e in env_names}
     most = max(len(d) for d in demos.values())
     for e, d in demos.items():
         n = min(2 * args.demo_tasks, -(-args.demo_tasks * most // max(len(d), 1)))
         if n > args.demo_tasks:
-            demos[e] = expert_demos(e, range(n), args.history_length, detour=detour(e))
+            demos[e] = expert_demos(e, range(n), args.history_length, detour=detour_of(args, e))
     if args.model == "tiny":
         corpus = [CHATML_EXAMPLE.format(prompt=r["prompt"], response=r["response"]) for d in demos.values() for r in d]
         tok = train_tokenizer(corpus, args.vocab_size)
@@ -518,7 +549,7 @@ def build_base(args, progress=True):
                   prompt_weight=args.sft_prompt_weight, micro_batch=args.sft_micro_batch)
     report = {"args": asdict(args), "demo_rows": len(data), "sft_loss_first": losses[:1], "sft_loss_last":
               sum(losses[-20:]) / max(len(losses[-20:]), 1), "build_seconds": round(time.time() - t0, 1),
-              "n_params": sum(p.numel() for p in model.parameters())}
+              "n_params": sum(p.numel() for p in model.parameters()), **fingerprint(args, tok)}
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -527,7 +558,18 @@ def build_base(args, progress=True):
     return model.eval(), tok, report
 
 
-def load_base(model="tiny", out_dir="runs/base", progress=True):
+def fingerprint(args, tok):
+    """What the shipped base was trained on, in a form a test can recompute from today's code: a digest of the
+    first demos of every env (prompt templates, env text and expert included) and the token ids of one of them."""
+    import hashlib
+    rows = [r for e in args.envs.split(",") if e
+            for r in expert_demos(e, range(3), args.history_length, detour=detour_of(args, e)).to_list()]
+    probe = chat(tok, rows[-1]["prompt"]) + rows[-1]["response"]
+    return {"demo_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(),
+            "probe_text": probe, "probe_ids": tok(probe, add_special_tokens=False)["input_ids"]}
+
+
+def load_base(model="tiny", out_dir=Args.out_dir, progress=True):
     """What the RL scripts call: 'tiny' -> the cached mid-trained tiny base (built on first use); any other name is
     a folder or hub id, loaded as it is (mid-train a real model first with `python 01_formats.py --model ...`)."""
     if model == "tiny":

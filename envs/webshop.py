@@ -4,7 +4,7 @@ The real WebShop serves 1.18M scraped Amazon products from a search engine; here
 from random.Random(catalog_seed) (categories, product types, attributes, options, prices), so the env is pure
 Python, deterministic and fast. Observations follow WebShop's text mode, fields joined by " [SEP] ":
 
-  search     "WebShop [SEP] Instruction: [SEP] <instr> [SEP] Search"                 search[<any query>]
+  search     "WebShop [SEP] Instruction: [SEP] <instr> [SEP] Search"                 search[<your query>]
   results    "Instruction: [SEP] <instr> [SEP] Back to Search [SEP] Page 1 (Total results: N) [SEP] Next > [SEP]
               B0ABC12345 [SEP] <title> [SEP] $12.34 [SEP] ..."        click[back to search], click[next >],
                                                                       click[< prev], click[<asin>]
@@ -16,7 +16,8 @@ Python, deterministic and fast. Observations follow WebShop's text mode, fields 
 
 Search scores a product by how many distinct query tokens occur in its title, attributes, category and type
 (tokens: lower-cased alphanumeric runs); results are the products with score > 0, best first, ties in catalog
-order, at most 50 (as WebShop). Anything well-formed but not possible on the page is a no-op (same page, reward 0).
+order, at most 50, 10 to a page (as WebShop); search[...] works from any page (the admissible list offers it only on
+the search page, as WebShop's has_search_bar does). Anything well-formed but not possible on the page is a no-op (same page, reward 0).
 
 click[buy now] ends the episode with WebShop's score of the bought product and the options selected on its page:
     r = type_match * (|U_att & Y_att| + |U_opt & Y_opt| + [price <= budget]) / (|U_att| + |U_opt| + 1)
@@ -121,7 +122,7 @@ def purchase_score(goal, product, selected):
 class WebShopEnv:
     """WebShop task: reset(seed) -> (obs, info); step(action) -> (obs, reward, done, info). See the module doc."""
 
-    def __init__(self, num_products=500, catalog_seed=0, max_steps=10, page_size=5):
+    def __init__(self, num_products=500, catalog_seed=0, max_steps=10, page_size=10):
         self.products = build_catalog(num_products, catalog_seed)
         self.by_asin = {p.asin.lower(): i for i, p in enumerate(self.products)}
         self.max_steps, self.page_size = max_steps, page_size
@@ -154,8 +155,8 @@ class WebShopEnv:
             return False, False
         verb, arg = m.group(1), m.group(2).strip()
         page = self.page
-        if verb == "search":
-            if page == "search" and arg:
+        if verb == "search":  # accepted on any page, as in WebShop's text env
+            if arg:
                 self.results, self.page_no, self.page = self.search(arg), 0, "results"
         elif page == "search":
             pass  # the search page has only the search box
@@ -226,7 +227,7 @@ class WebShopEnv:
         if self.done:
             return []
         if self.page == "search":
-            return ["search[<query>]"]  # a placeholder: any non-empty query works
+            return ["search[<your query>]"]  # verl-agent's placeholder: any non-empty query works
         acts = ["back to search"]
         if self.page == "results":
             acts += ["< prev"] * (self.page_no > 0) + ["next >"] * self._has_next()

@@ -6,39 +6,106 @@ from envs import make_env
 F = load("01_formats")
 
 
-@pytest.mark.parametrize("text,action,valid", [
+def reference_projection(text, env_name):
+    """verl-agent's alfworld/webshop projection, step by step as shared/README.md states it (not our parser)."""
+    low = text.lower()
+    start = low.find("<action>")
+    end = low.find("</action>")
+    if start == -1 or end == -1:
+        tail = 30 if env_name == "alfworld" else 20
+        return low[-tail:], False
+    action = low[start + 8:end].strip()
+    valid = True
+    if text.find("<think>") == -1 or text.find("</think>") == -1:
+        valid = False
+    for ch in text:
+        if "\u4e00" <= ch <= "\u9fff":
+            valid = False
+    return action, valid
+
+
+LONG = "I keep thinking about it but never close the tag, then Go To Desk 1"
+CASES = [
     ("<think>go</think><action>go to desk 1</action>", "go to desk 1", True),
     ("<think>x</think><action>  Take Apple 1 From Desk 1 \n</action>", "take apple 1 from desk 1", True),
-    ("<THINK>x</THINK><ACTION>look</ACTION>", "look", True),            # tags are matched case-insensitively
+    ("<THINK>x</THINK><ACTION>look</ACTION>", "look", False),           # action tags any case, think tags exact
+    ("<think>x</think><ACTION>Look</Action>", "look", True),
+    ("</think>x<think><action>look</action>", "look", True),           # think order is not checked
     ("<action>look</action>", "look", False),                           # no think: action read, but invalid
     ("<think>unclosed <action>look</action>", "look", False),
-    ("<think>a</think><action>look", None, False),                      # unclosed action
-    ("<think>a</think>look", None, False),
-    ("", None, False),
+    ("<think>a</think><action>look", "<think>a</think><action>look", False),  # unclosed action: the tail is sent
+    ("<think>a</think>look", "<think>a</think>look", False),
+    ("", "", False),
     ("<think>a</think><action></action>", "", True),                    # empty action is well-formed
     ("<think>a</think><action>go to 桌子</action>", "go to 桌子", False),   # CJK rule
     ("<think>a</think><action>one</action><action>two</action>", "one", True),  # the first pair wins
-    ("</action><think>a</think><action>x</action>", "x", True),        # a stray close before the open is skipped
-])
+    ("</action><think>a</think><action>x</action>", "", True),         # </action> before <action>: empty action
+]
+
+
+@pytest.mark.parametrize("text,action,valid", CASES)
 def test_parse_action(text, action, valid):
-    assert F.parse_action(text) == (action, valid)
-    assert F.env_action(text) == (action if valid else None)
+    assert F.parse_action(text, "alfworld") == (action, valid) == reference_projection(text, "alfworld")
+
+
+def test_missing_tags_send_the_last_30_or_20_characters():
+    assert F.parse_action(LONG, "alfworld") == (LONG.lower()[-30:], False)
+    assert F.parse_action(LONG, "webshop") == (LONG.lower()[-20:], False)
+    assert F.parse_action(LONG + "</action>", "webshop") == ((LONG + "</action>").lower()[-20:], False)
+
+
+def test_parser_matches_the_reference_on_random_text():
+    import random
+    rng = random.Random(0)
+    pieces = ["<think>", "</think>", "<action>", "</action>", "<ACTION>", "</THINK>", "look", " Go To Desk 1 ", "\n",
+              "桌", "click[buy now]", "x" * 25]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        for env_name in ("alfworld", "webshop"):
+            assert F.parse_action(text, env_name) == reference_projection(text, env_name), text
 
 
 def test_prompt_history_window():
     hist = [(f"obs{i}", f"act{i}") for i in range(6)]
-    p = F.build_prompt("alfworld", "put a mug in desk.", "now", ["look", "go to desk 1"], hist, 2)
-    assert "[Observation 5: 'obs4', Action 5: 'act4']" in p and "[Observation 6: 'obs5', Action 6: 'act5']" in p
-    assert "obs3" not in p and "already taken 6 step(s)" in p and "step 7" in p
-    assert "['look', 'go to desk 1']" in p and "<think> </think>" in p
-    first = F.build_prompt("webshop", "buy socks", "WebShop [SEP] Search", ["search[<query>]"], [], 2)
-    assert "Your task is to: buy socks." in first and "'search[<query>]'" in first and "Observation 1" not in first
+    p = F.build_prompt("alfworld", "Your task is to: put a mug in desk.", "now", ["look", "go to desk 1"], hist, 2)
+    assert ("Your task is to: put a mug in desk.\nPrior to this step, you have already taken 6 step(s). Below are the "
+            "most recent 2 observations and the corresponding actions you took: [Observation 5: 'obs4', Action 5: "
+            "'act4']\n[Observation 6: 'obs5', Action 6: 'act5']\nYou are now at step 7 and your current observation "
+            "is: now\nYour admissible actions of the current situation are: ['look'\n 'go to desk 1'].\n") in p
+    assert "obs3" not in p and "<think> </think> tags. \nOnce" in p
+    first = F.build_prompt("alfworld", "Your task is to: put a mug in desk.", "You are in a room. Your task is to: "
+                           "put a mug in desk.", ["look"], [], 2)
+    assert first.startswith("\nYou are an expert agent operating in the ALFRED Embodied Environment.\nYour current "
+                            "observation is: You are in a room.") and "step(s)" not in first
+    assert F.build_prompt("alfworld", "t", "o", ["look"], hist, 0) == F.build_prompt("alfworld", "t", "o", ["look"],
+                                                                                    [], 2)
+
+
+def test_webshop_prompt_wording_and_observation_format():
+    task = "i need a red hat"
+    obs = f"Instruction: [SEP] {task} [SEP] Back to Search [SEP] Page 1 (Total results: 1) [SEP] b0abc [SEP] Hat"
+    first = F.build_prompt("webshop", task, f"WebShop [SEP] Instruction: [SEP] {task} [SEP] Search",
+                           ["search[<your query>]"], [], 2)
+    assert first.startswith("\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce "
+                            "environment. \nYour task is to: i need a red hat.\nYour current observation is: "
+                            "'Search'.\nYour admissible actions of the current situation are: \n[\n"
+                            "'search[<your query>]',\n].\n\nNow it's your turn to take one action")
+    p = F.build_prompt("webshop", task, obs, ["click[back to search]", "click[b0abc]"],
+                       [(f"WebShop [SEP] Instruction: [SEP] {task} [SEP] Search", "search[red hat]")], 2)
+    assert ("environment.\nYour task is to: i need a red hat.\nPrior to this step, you have already taken 1 step(s). "
+            "Below are the most recent 1 observations and the corresponding actions you took: [Observation 1: "
+            "''Search'', Action 1: 'search[red hat]']\nYou are now at step 2 and your current observation is: "
+            "'Back to Search' [SEP] 'Page 1 (Total results: 1)' [SEP] 'b0abc' [SEP] 'Hat'.\n"
+            "Your admissible actions of the current situation are: \n[\n'click[back to search]',\n'click[b0abc]',"
+            "\n].\n") in p  # the history shows the formatted observation inside its own quotes, as verl-agent's
+    done = "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 1.00"
+    assert F.view("webshop", task, done) == done and F.view("alfworld", task, obs) == obs
 
 
 def test_expert_response_parses_back():
     for env, action in [("alfworld", "heat egg 1 with microwave 1"), ("webshop", "click[buy now]"),
                         ("webshop", "search[red shoes]")]:
-        assert F.parse_action(F.expert_response(env, "do the thing.", action)) == (action, True)
+        assert F.parse_action(F.expert_response(env, "do the thing.", action), env) == (action, True)
 
 
 def test_detour_demos_record_the_expert_recovery():
@@ -48,7 +115,7 @@ def test_detour_demos_record_the_expert_recovery():
     rows = F.expert_demos("webshop", range(40), 2, detour=0.5)
     assert rows.to_list() == F.expert_demos("webshop", range(40), 2, detour=0.5).to_list()  # seeded
     assert len(rows) > len(straight)
-    backs = [r for r in rows if F.parse_action(r["response"])[0] == "click[< prev]"]
+    backs = [r for r in rows if F.parse_action(r["response"], "webshop")[0] == "click[< prev]"]
     assert len(backs) >= 5
     env = make_env("webshop")
     for seed in sorted({r["seed"] for r in rows}):  # replay: every detour is off the expert's path, every row on it
@@ -61,7 +128,7 @@ def test_detour_demos_record_the_expert_recovery():
                 assert detour != info["expert_action"] and detour in info["admissible_actions"]
                 _, _, _, info = env.step(detour)
                 taken += 1
-            assert shown == taken and F.parse_action(r["response"]) == (info["expert_action"], True)
+            assert shown == taken and F.parse_action(r["response"], "webshop") == (info["expert_action"], True)
             _, _, _, info = env.step(info["expert_action"])
             taken += 1
 
@@ -128,3 +195,47 @@ def test_sft_micro_batches_give_the_same_step_as_one_batch():
     assert abs(losses[0][-1] - losses[1][-1]) < 1e-5  # sft() takes the NLL in float32
     before = torch.cat([p.detach().flatten() for p in F.tiny_model(len(tok), 0, layers=1, hidden=64).parameters()])
     assert (params[0] - before.double()).abs().max() > 1e-4  # the steps did move the weights
+
+
+def test_an_invalid_format_response_with_a_winning_action_still_wins(monkeypatch):
+    """verl-agent executes the projected action whatever the format: no <think> costs 0.1, not the episode."""
+    env = make_env("webshop")
+    _, info = env.reset(7)
+    plan = []
+    while info["expert_action"]:
+        plan.append(info["expert_action"])
+        _, _, _, info = env.step(plan[-1])
+    assert info["won"]
+
+    class Tok:
+        def apply_chat_template(self, messages, **kw):
+            return messages[0]["content"]
+
+        def decode(self, ids, **kw):
+            return ids
+
+    replies = iter(f"<action>{a.upper()}</action>" for a in plan)  # no think tags, upper case
+    monkeypatch.setattr(F, "generate", lambda model, tok, prompts, *a: [next(replies) for _ in prompts])
+    traj, = F.play(None, Tok(), "webshop", [7], temperature=1.0)
+    assert traj["won"] and len(traj["steps"]) == len(plan) and not any(s["valid"] for s in traj["steps"])
+    assert [s["action"] for s in traj["steps"]] == plan and traj["steps"][-1]["reward"] == 10.0
+    assert f"Action 1: '{plan[0]}']" in traj["steps"][1]["prompt"]  # the history records the projected action
+
+
+def test_shipped_base_was_built_by_todays_code():
+    """base/tiny is committed so that no run has to build it. If prompts, envs, experts or the build defaults change,
+    this fails until the base is rebuilt (`python 01_formats.py --force`) and committed again."""
+    import dataclasses
+    import json
+    import os
+    path = os.path.join(F.ROOT, "base", "tiny")
+    with open(os.path.join(path, "base.json")) as f:
+        report = json.load(f)
+    now = dataclasses.asdict(F.Args())
+    differ = {k: (v, now[k]) for k, v in report["args"].items() if k not in ("out_dir", "force") and now.get(k) != v}
+    assert not differ, f"the shipped base was built with other settings (built, now): {differ}"
+    _, tok = F.load_pretrained(path)
+    fresh = F.fingerprint(F.Args(), tok)
+    assert fresh["demo_digest"] == report["demo_digest"], "demo prompts changed since the base was built"
+    assert fresh["probe_text"] == report["probe_text"]
+    assert tok(report["probe_text"], add_special_tokens=False)["input_ids"] == report["probe_ids"]
