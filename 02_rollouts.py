@@ -4,7 +4,7 @@ For every env step of every episode we keep what the RL losses and the paper's a
     prompt, response tokens y_1..y_L, validity, env reward, the raw observation (GiGPO's anchor state),
     old log-probs   log pi_old(y_t | prompt, y_<t)                          (t = 1..L)
     token entropy   H_t = -sum_v pi(v | .) log pi(v | .) = logsumexp(z) - sum_v softmax(z)_v z_v
-    mean hidden     h_bar = (1/L) sum_t h_t, h_t the last-layer hidden state (after the final norm) at token t
+    mean hidden     h_bar = (1/L) sum_t h_t, h_t the last-layer hidden state (after the final norm) at token y_t
 and per batch the degenerate-pattern rates of the paper:
     duplication   = share of think sentences (>= 20 chars, case/space-normalised) that occur >= 2 times in the same
                     response, pooled over the batch
@@ -31,22 +31,24 @@ class Policy(torch.nn.Module):
     """Runs the backbone once and applies the unembedding only at response positions.
 
     One module so that `accelerator.prepare` (DDP) sees every trainable parameter in one forward; 05_seal.py adds
-    its head here. Returns per response token: log-prob of the taken token, entropy, last-layer hidden state.
+    its head here. Returns per response token y_k: log pi(y_k | .), the entropy of that distribution, and the
+    last-layer hidden state at y_k (one position after the state whose logits give log pi(y_k); see
+    01's response_hidden); with logit_states=True that earlier state instead (06's lemma checks need it).
     """
 
     def __init__(self, lm):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, attention_mask, gather_index, targets):
-        h = F.response_hidden(self.lm, input_ids, attention_mask, gather_index)
+    def forward(self, input_ids, attention_mask, gather_index, targets, logit_states=False):
+        h, h_tok = F.response_hidden(self.lm, input_ids, attention_mask, gather_index)
         logits = F.body_and_head(self.lm)[1](h)
         if logits.dtype in (torch.float16, torch.bfloat16):  # softmax in full precision
             logits = logits.float()
         logp_all = Fn.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy, h
+        return logp, entropy, (h if logit_states else h_tok)
 
 
 def pack_values(rows, mask):

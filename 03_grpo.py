@@ -1,15 +1,24 @@
-"""03 - GRPO for multi-turn agents, with Accelerate.
+"""03 - GRPO for multi-turn agents, with Accelerate, as verl-agent computes it.
 
-Episode return of trajectory i (the invalid-format penalty is part of the reward):
-    R_i = sum_t ( r_it - 0.1 * [response t invalid] )
-Group-relative advantage over the G trajectories of one task, broadcast to every response token of every step:
-    A_i = (R_i - mean_group R) / (std_group R + 1e-6)
-PPO-clip surrogate per token, ratio rho = exp(log pi - log pi_old):
-    l_pg = - min( rho A, clip(rho, 1 - eps, 1 + eps) A ),  eps = 0.2
+Every env step is one training row (prompt = the step's observation prompt, response = the step's output).
+Row score: the trajectory's episode return (env rewards only) minus the invalid-format penalty of that step alone,
+    score_row = sum_t r_t  -  0.1 [this step invalid]
+Group-relative advantage over all rows of the task's G trajectories (a trajectory weighs by its number of steps),
+broadcast to every response token of the row:
+    A_row = (score_row - mean_rows score) / (std_rows score + 1e-6)        (unbiased std; one row: mean 0, std 1)
+PPO-clip with dual clip per token, ratio rho = exp(log pi - log pi_old):
+    l_pg = max( -rho A, -clip(rho, 1 - eps, 1 + eps) A ),  eps = 0.2;   if A < 0: l_pg = min(l_pg, -c A), c = 3
 Low-variance KL (k3) to the reference policy pi_ref = the base model with the LoRA adapter disabled:
-    l_kl = exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1
-Token-mean aggregation over all response tokens T of the mini-batch (across processes):
-    L = (1/|T|) sum_{tokens} ( l_pg + beta l_kl ),  beta = 0.01
+    l_kl = clamp( exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, -10, 10 )
+Entropy bonus and token-mean aggregation over all response tokens T of the mini-batch (across processes):
+    L = (1/|T|) sum_{tokens} ( l_pg + beta l_kl - c_H H_t ),  beta = 0.01, c_H = 0.001
+The clip fraction counts the tokens where the clipped term is the one taken.
+
+Deviations from the reference (verl-agent), each a flag:
+    --adv_level traj       one return per trajectory, R_i = sum_t (r_t - 0.1 [t invalid]), normalised over the G
+                           trajectories: the form the paper's lemmas are written in (default row = the reference)
+    --lr 2e-4, LoRA r 16   the paper trains full 1.5B-7B models at lr 2e-6; here a LoRA on a 1M-parameter model
+    --tasks 4, --minibatches 2, --history_length 2   CPU-sized batches and prompts (verl-agent: 16 x 8, 5 steps)
 
     python 03_grpo.py --env webshop --updates 200                # single process
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
@@ -32,34 +41,67 @@ R = importlib.import_module("02_rollouts")
 
 # --------------------------------------------------------------------------------------------- advantages
 def episode_returns(trajs, penalty=F.INVALID_PENALTY):
+    """R_i = sum_t (r_it - 0.1 [step t invalid]): the trajectory-level score (--adv_level traj, the lemmas' form)."""
     return [sum(s["reward"] - penalty * (not s["valid"]) for s in t["steps"]) for t in trajs]
 
 
-def grpo_advantages(trajs, args=None, eps=1e-6):
-    """One scalar per step, stored on the step as 'adv'. Groups = trajectories of the same task."""
+def row_scores(trajs, penalty=F.INVALID_PENALTY):
+    """verl-agent's step rows: score_row = sum of the env rewards of its trajectory - 0.1 [this step invalid].
+    Returns {task group: [(step dict, score), ...]} over all steps of all trajectories of the group."""
+    groups = {}
+    for t in trajs:
+        ret = sum(s["reward"] for s in t["steps"])
+        for s in t["steps"]:
+            groups.setdefault(t["group"], []).append((s, ret - penalty * (not s["valid"])))
+    return groups
+
+
+def group_norm(scores, use_std=True, eps=1e-6):
+    """(x - mean) / (std + eps) over one group, unbiased std; a one-element group has mean 0 and std 1, as in
+    verl's compute_grpo_outcome_advantage and verl-agent's episode_norm_reward."""
+    x = torch.tensor(scores, dtype=torch.float64)
+    mean, std = (x.mean(), x.std()) if len(x) > 1 else (torch.tensor(0.0, dtype=x.dtype), torch.tensor(1.0, dtype=x.dtype))
+    return ((x - mean) / (std + eps) if use_std else x - mean).tolist()
+
+
+def grpo_advantages(trajs, args=None, level=None):
+    """One scalar per step, stored on the step as 'adv' (every response token of the step gets it).
+
+    row (the reference): A_row = (score_row - mean_rows) / (std_rows + 1e-6) over all step rows of a task group,
+    so a trajectory weighs by its number of steps. traj: A_i = (R_i - mean_i R) / (std_i R + 1e-6) over the G
+    trajectories, R_i = episode_returns(), the same value on every step of trajectory i (the paper's lemmas)."""
+    level = level or getattr(args, "adv_level", "row")
+    if level == "row":
+        for rows in row_scores(trajs).values():
+            for (s, _), a in zip(rows, group_norm([x for _, x in rows])):
+                s["adv"] = a
+        return trajs
     returns = episode_returns(trajs)
     groups = {}
     for i, t in enumerate(trajs):
         groups.setdefault(t["group"], []).append(i)
     for members in groups.values():
-        rs = torch.tensor([returns[i] for i in members], dtype=torch.float64)
-        mean, std = rs.mean(), (rs.std() if len(rs) > 1 else torch.tensor(0.0, dtype=torch.float64))
-        for i in members:
-            a = float((returns[i] - mean) / (std + eps))
+        for i, a in zip(members, group_norm([returns[i] for i in members])):
             for s in trajs[i]["steps"]:
                 s["adv"] = a
     return trajs
 
 
 # --------------------------------------------------------------------------------------------- the update
-def token_losses(logp, old_logp, ref_logp, adv, clip_eps, kl_coef):
-    """Per-token PPO-clip + beta * k3 KL. Returns (loss [B, L], clipped indicator, kl [B, L])."""
-    ratio = torch.exp(logp - old_logp)
-    surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    d = ref_logp - logp
-    kl = torch.exp(d) - d - 1
-    clipped = ((ratio - 1).abs() > clip_eps).float()
-    return -surr + kl_coef * kl, clipped, kl
+def token_losses(logp, old_logp, ref_logp, adv, clip_eps, kl_coef, entropy=None, entropy_coeff=0.0, clip_c=3.0):
+    """Per-token loss of verl's actor: dual-clip PPO + beta * k3 KL - entropy_coeff * H.
+
+    Returns (loss [B, L], clipped indicator, kl [B, L]); clipped marks the tokens where the clipped term is taken."""
+    ratio = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
+    pg1, pg2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+    pg = torch.maximum(pg1, pg2)
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * clip_c), pg)  # dual clip: at most c |A| for A < 0
+    d = torch.clamp(ref_logp - logp, -20.0, 20.0)
+    kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0)
+    loss = pg + kl_coef * kl
+    if entropy is not None and entropy_coeff:
+        loss = loss - entropy_coeff * entropy
+    return loss, (pg2 > pg1).float(), kl
 
 
 def all_sum(accelerator, x):
@@ -132,8 +174,9 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
                 # only the last micro-batch syncs gradients across processes (DDP sums what was accumulated)
                 sync = contextlib.nullcontext() if j == len(parts) - 1 else accelerator.no_sync(policy)
                 with sync:
-                    logp, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
-                    loss_tok, clipped, kl = token_losses(logp, old, ref, adv, args.clip_eps, args.kl_coef)
+                    logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+                    loss_tok, clipped, kl = token_losses(logp, old, ref, adv, args.clip_eps, args.kl_coef, ent,
+                                                         args.entropy_coeff, args.clip_ratio_c)
                     if aux is not None:
                         aux_tok, aux_m = aux(raw, h, b, adv)
                         loss_tok = loss_tok + aux_tok
@@ -187,8 +230,14 @@ class Args:
     lr: float = 2e-4
     """LoRA learning rate (the paper's 2e-6 is for full 1.5B-7B models)"""
     lora_r: int = 16
+    adv_level: str = "row"
+    """GRPO statistics over step rows (verl-agent) or 'traj' (one return per trajectory, the paper's lemmas)"""
     clip_eps: float = 0.2
+    clip_ratio_c: float = 3.0
+    """dual-clip bound for negative advantages: the loss of a token is at most c |A|"""
     kl_coef: float = 0.01
+    entropy_coeff: float = 0.001
+    """entropy bonus, loss -= coeff * token entropy (verl's default)"""
     ppo_epochs: int = 1
     minibatches: int = 2
     micro_batch: int = 16
@@ -209,7 +258,8 @@ class Args:
     val_seed: int = 100_000
     """first held-out seed (validation plays val_seed .. val_seed + val_tasks - 1)"""
     val_temperature: float = 0.4
-    save_every: int = 10
+    save_every: int = 1
+    """checkpoint every k updates (the LoRA state is small: a kill then loses at most the update in flight)"""
     snapshot_every: int = 50
     """also keep a copy of the adapter every k updates (ckpt/state-uNNNNN.pt), for 06's before/after-eruption plots"""
     rollouts_every: int = 10
@@ -237,6 +287,8 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit(f"error: unknown env {args.env!r}; choose from {', '.join(sorted(F.ENVS))}")
     if args.algo not in advantages:
         raise SystemExit(f"error: unknown algo {args.algo!r}; choose from {', '.join(sorted(advantages))}")
+    if args.adv_level not in ("row", "traj"):
+        raise SystemExit(f"error: --adv_level must be row or traj, got {args.adv_level!r}")
     if args.group_size < 2:
         raise SystemExit("error: --group_size must be >= 2 for group-relative advantages")
     if args.updates < 1 or args.tasks < 1 or args.minibatches < 1:
@@ -334,6 +386,29 @@ def read_jsonl(file):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def trim_logs(out_dir, update):
+    """Resume (or a fresh start over an old folder): keep only what was logged up to the checkpoint's update, so
+    every update appears once in metrics.jsonl and rollouts/ even when a kill came between logging and saving."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    keep = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # the line a kill cut in half
+            continue
+        if row.get("update", 0) <= update:
+            keep.append(row)
+    if len(keep) < len(lines):
+        with open(path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+        os.replace(path + ".tmp", path)
+    folder = os.path.join(out_dir, "rollouts")
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("update") and int(name[6:11]) > update:
+            os.remove(os.path.join(folder, name))
+
+
 def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     """The whole loop: rollout -> score -> advantages -> reference -> update -> log / validate / checkpoint."""
     from accelerate import Accelerator
@@ -365,15 +440,17 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, "args.json"), "w") as f:
             json.dump(asdict(args), f, indent=1)
+        trim_logs(args.out_dir, start)
         try:
             from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(os.path.join(args.out_dir, "tb"))
+            # purge_step hides the events a killed run wrote after its last checkpoint
+            writer = SummaryWriter(os.path.join(args.out_dir, "tb"), purge_step=start + 1)
         except ImportError:
             pass
         if start:
             print(f"resuming {args.out_dir} from update {start}")
     log = open(os.path.join(args.out_dir, "metrics.jsonl"), "a") if accelerator.is_main_process else None
-    bar = tqdm(range(start, args.updates), desc=f"{args.algo} {args.env}", disable=not accelerator.is_main_process,
+    bar = tqdm(range(start, args.updates), desc=f"{args.algo}{'+seal' if aux else ''} {args.env}", disable=not accelerator.is_main_process,
                initial=start, total=args.updates)
     update_i = start
     try:

@@ -1,15 +1,22 @@
 """04 - GiGPO: group-in-group credit for multi-turn agents (Feng et al. 2025), on top of 03's loop.
 
-Episode level ("mean_norm": no std division), over the trajectories of one task:
-    A^E_i = R_i - mean_group R,     R_i = sum_t ( r_it - 0.1 [step t invalid] )
-Step level: discounted return from the env rewards, then the invalid penalty on the step's own reward:
+Episode level, over all step rows of one task group (verl-agent's episode_norm_reward, mean across steps):
+    score_row = sum_t r_t - 0.1 [this step invalid]                       (03's row scores)
+    A^E_row = score_row - mean_rows score                                 ("mean_norm", the default)
+    A^E_row = (score_row - mean_rows score) / (std_rows score + 1e-6)     ("mean_std_norm")
+    a task group with a single row: mean 0 (std 1)
+Step level: discounted return from the env rewards, then the invalid penalty on the step's own return:
     R_t = sum_{k >= t} gamma^{k-t} r_k  - 0.1 [step t invalid],   gamma = 0.95
 Anchor-state groups: within a task group, steps whose raw env observation is identical form one step group S:
-    A^S_t = R_t - mean_{s in S} R_s      (a singleton group gives 0)
-    A_t = A^E + omega A^S_t,             omega = 1
+    A^S_t = R_t - mean_{s in S} R_s        (mean_std_norm: divided by std_S + 1e-6; a singleton group gives 0)
+    A_t = A^E + omega A^S_t,               omega = 1
 The advantage is per step; every response token of the step gets it.
 
+Deviations from the reference: none beyond 03's; exact-match anchors only (verl-agent's optional similarity
+grouping, enable_similarity, is not implemented).
+
     python 04_gigpo.py --env alfworld --updates 200
+    python 04_gigpo.py --env webshop --gigpo_mode mean_std_norm
 """
 import importlib
 from dataclasses import dataclass
@@ -26,27 +33,30 @@ def discounted_returns(rewards, gamma):
     return out
 
 
+def step_returns(trajs, gamma):
+    """R_t on every step (as 'step_return'): discounted env rewards, minus the penalty on the invalid step itself."""
+    for t in trajs:
+        for s, r in zip(t["steps"], discounted_returns([s["reward"] for s in t["steps"]], gamma)):
+            s["step_return"] = r - F.INVALID_PENALTY * (not s["valid"])
+
+
 def gigpo_advantages(trajs, args=None):
     gamma = getattr(args, "gamma", 0.95)
     omega = getattr(args, "omega", 1.0)
-    returns = G.episode_returns(trajs)
-    by_task = {}
-    for i, t in enumerate(trajs):
-        by_task.setdefault(t["group"], []).append(i)
-    for members in by_task.values():
-        mean_ep = sum(returns[i] for i in members) / len(members)
-        anchors = {}  # raw observation -> step returns of every step that acted on it
-        for i in members:
-            steps = trajs[i]["steps"]
-            step_ret = discounted_returns([s["reward"] for s in steps], gamma)
-            for s, r in zip(steps, step_ret):
-                s["step_return"] = r - F.INVALID_PENALTY * (not s["valid"])
-                anchors.setdefault(s["obs"], []).append(s["step_return"])
-        for i in members:
-            for s in trajs[i]["steps"]:
-                group = anchors[s["obs"]]
-                a_step = s["step_return"] - sum(group) / len(group) if len(group) > 1 else 0.0
-                s["adv"] = (returns[i] - mean_ep) + omega * a_step
+    mode = getattr(args, "gigpo_mode", "mean_norm")
+    use_std = mode == "mean_std_norm"
+    step_returns(trajs, gamma)
+    for rows in G.row_scores(trajs).values():
+        episode = G.group_norm([x for _, x in rows], use_std)
+        anchors = {}  # raw observation -> the steps of this task group that acted on it
+        for s, _ in rows:
+            anchors.setdefault(s["obs"], []).append(s)
+        step = {}
+        for group in anchors.values():
+            if len(group) > 1:  # a singleton anchor group carries no step-level signal
+                step.update(zip(map(id, group), G.group_norm([s["step_return"] for s in group], use_std)))
+        for (s, _), a_ep in zip(rows, episode):
+            s["adv"] = a_ep + omega * step.get(id(s), 0.0)
     return trajs
 
 
@@ -58,13 +68,21 @@ class Args(G.Args):
     """discount of the step-level returns"""
     omega: float = 1.0
     """weight of the step advantage"""
+    gigpo_mode: str = "mean_norm"
+    """mean_norm (subtract the group mean) or mean_std_norm (also divide by the group std), both levels"""
 
 
 ADVANTAGES = dict(G.ADVANTAGES, gigpo=gigpo_advantages)
 
 
+def check_args(args, advantages=ADVANTAGES, tag=""):
+    if getattr(args, "gigpo_mode", "mean_norm") not in ("mean_norm", "mean_std_norm"):
+        raise SystemExit(f"error: --gigpo_mode must be mean_norm or mean_std_norm, got {args.gigpo_mode!r}")
+    return G.check_args(args, advantages, tag)
+
+
 def main(argv=None):
-    args = G.check_args(F.parse_args(Args, argv), ADVANTAGES)
+    args = check_args(F.parse_args(Args, argv))
     return G.train(args, ADVANTAGES[args.algo])
 
 

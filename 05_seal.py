@@ -2,16 +2,20 @@
 
 The paper's diagnosis: entropy erupts when the hidden states of good and bad responses are not separated, so an update
 that pushes bad responses down also pulls good ones (gradient interference through <h_i, h_j>, Lemma 3.2). SEAL adds
-a head on the last-layer hidden state h_t of every response token that predicts the sign of the token's advantage:
+a head on the last-layer hidden state h_t AT every response token y_t (the last one at the end-of-turn token: one
+position after the state whose logits give log pi(y_t), as the released code reads it) that predicts the sign of the
+token's advantage:
     head(h) = Linear(d, 1) o [ Dropout(0.1) o LayerNorm o GELU o Linear(d, d) ] ^ (depth - 1)
     label_t = 1[A_t >= 0]
     L_SEAL = (1/|T|) sum_t BCE( sigmoid(head(h_t)), label_t )                  (token-mean, as L_RL)
-    L = L_RL + alpha L_SEAL,   alpha = 0.02, depth = 3 (6 for ALFWorld in the released code)
+    L = L_RL + alpha L_SEAL,   alpha = 0.02, depth = 6 for ALFWorld and 3 for WebShop (the released defaults)
 The head is trained with the policy and its gradient flows into the backbone (no detach): that is what separates
-the representations of positive- and negative-advantage tokens.
+the representations of positive- and negative-advantage tokens. L_RL is 03's loss with 03's (or 04's) advantages.
+
+Deviations from the released code: none beyond 03's; the head is built in the model's dtype.
 
     python 05_seal.py --env webshop                                  # GRPO + SEAL
-    python 05_seal.py --env alfworld --algo gigpo --seal_depth 6     # GiGPO + SEAL
+    python 05_seal.py --env alfworld --algo gigpo                    # GiGPO + SEAL (head depth 6)
     accelerate launch 05_seal.py --env webshop                       # data parallel on the available devices
     python 05_seal.py --bench_overhead                               # time SEAL's share of an update
 """
@@ -25,6 +29,9 @@ import torch.nn.functional as Fn
 
 GG = importlib.import_module("04_gigpo")
 G, F, R = GG.G, GG.F, GG.G.R
+
+
+SEAL_DEPTH = {"alfworld": 6, "webshop": 3}
 
 
 def seal_head(d, depth, dropout=0.1):
@@ -66,8 +73,8 @@ class Args(GG.Args):
     """advantage estimator: grpo or gigpo"""
     alpha: float = 0.02
     """SEAL loss coefficient (0 turns SEAL off and gives the plain algorithm)"""
-    seal_depth: int = 3
-    """head depth: 3 (WebShop), 6 (ALFWorld) in the released code"""
+    seal_depth: int = 0
+    """head depth; 0 = the released default for the env: 6 (ALFWorld), 3 (WebShop)"""
     seal_dropout: float = 0.1
     bench_overhead: bool = False
     """instead of training, time update() with and without SEAL on one rollout batch"""
@@ -128,9 +135,10 @@ def bench_overhead(args, repeats=5):
 
 def main(argv=None):
     args = F.parse_args(Args, argv)
-    args = G.check_args(args, GG.ADVANTAGES, tag="+seal" if args.alpha > 0 else "")
-    if args.seal_depth < 1:
-        raise SystemExit("error: --seal_depth must be >= 1")
+    args = GG.check_args(args, GG.ADVANTAGES, tag="+seal" if args.alpha > 0 else "")
+    if args.seal_depth < 0:
+        raise SystemExit("error: --seal_depth must be >= 1 (or 0 for the env's default)")
+    args.seal_depth = args.seal_depth or SEAL_DEPTH[args.env]
     if args.bench_overhead:
         return bench_overhead(args)
     make = lambda lm: SealPolicy(lm, args.seal_depth, args.seal_dropout)  # noqa: E731

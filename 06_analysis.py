@@ -38,7 +38,7 @@ Gradient interference (Lemma 3.3 per sample) at a checkpoint, on G saved steps j
     c_j = (1/G) sum_i <g_i, g_j>, g_j = grad_LoRA l_j;  (1/G) sum_j A_j c_j > 0 <=> a GRPO step raises mean l_i.
 
     python 06_analysis.py                          # random-init tiny Qwen2 + LoRA -> runs/analysis/lemmas.json
-    python 06_analysis.py --model runs/base/tiny   # the same checks on a saved checkpoint as well
+    python 06_analysis.py --model base/tiny   # the same checks on a saved checkpoint as well
     python 06_analysis.py --runs runs/grpo-webshop-s0,runs/grpo+seal-webshop-s0    # plots + summary.md
     python 06_analysis.py --runs runs/grpo-webshop-s0 --interference               # + c_j vs A_j at the checkpoint
 """
@@ -164,7 +164,7 @@ def build_case(model=None, tok=None, vocab_size=64, seed=0, lora_r=16, w_std=0.1
     g = torch.Generator().manual_seed(seed + 1)
     trajs = [{"group": 0, "steps": [{"reward": float(r), "valid": True}]}
              for r in torch.randn(group_size, generator=g, dtype=torch.float64)]
-    A = torch.tensor([t["steps"][0]["adv"] for t in G.grpo_advantages(trajs)], dtype=dtype)
+    A = torch.tensor([t["steps"][0]["adv"] for t in G.grpo_advantages(trajs, level="traj")], dtype=dtype)
     return SimpleNamespace(policy=policy, lm=lm, tok=tok, W=W, w_name=w_name, params=params, samples=samples,
                            batch=F.pack(tok or PadTok, samples), A=A, dtype=dtype, V=W.shape[0],
                            rtol=1e-10 if dtype == torch.float64 else 1e-4)
@@ -179,10 +179,10 @@ def scores(case, params=None, batch=None):
     b = case.batch if batch is None else batch
     args = (b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
     if params is None:
-        logp, ent, h = case.policy(*args)
+        logp, ent, h = case.policy(*args, logit_states=True)
         W = case.W
     else:
-        logp, ent, h = torch.func.functional_call(case.policy, params, args)
+        logp, ent, h = torch.func.functional_call(case.policy, params, args, {"logit_states": True})
         W = params[case.w_name]
     return logp, ent, h, torch.log_softmax(h @ W.T, dim=-1), b["mask"].to(case.dtype)
 
@@ -1044,7 +1044,7 @@ class Args:
     lemmas: bool = True
     """run the numerical lemma checks (the mode when no --runs are given)"""
     model: str = ""
-    """optional checkpoint to check as well: a Hugging Face id or local folder (e.g. runs/base/tiny)"""
+    """optional checkpoint to check as well: a Hugging Face id or local folder (e.g. base/tiny)"""
     out_dir: str = "runs/analysis"
     """lemmas.json, summary.md, analysis.json and the PNGs are written here"""
     smooth: int = 5

@@ -20,6 +20,13 @@ class Tok:  # pack() only needs the pad id
     pad_token_id = 0
 
 
+def update_args(**kw):
+    """03's update() flags at their defaults (dual clip 3, entropy bonus 0.001), overridable."""
+    base = dict(minibatches=1, ppo_epochs=1, clip_eps=0.2, clip_ratio_c=3.0, kl_coef=0.01, entropy_coeff=0.001,
+                max_grad_norm=1.0, micro_batch=0)
+    return SimpleNamespace(**dict(base, **kw))
+
+
 def batch(policy, n=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     samples = []
@@ -51,7 +58,7 @@ def main(out):
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
     policy, opt = acc.prepare(policy, opt)
     # micro_batch 3: one process splits its 8 samples 3+3+2, each of two processes its 4 as 3+1 (no_sync path)
-    args = SimpleNamespace(minibatches=1, ppo_epochs=2, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0, micro_batch=3)
+    args = update_args(ppo_epochs=2, micro_batch=3)
     stats = G.update(policy, opt, acc, Tok, samples[acc.process_index::acc.num_processes], args)
     if acc.is_main_process:
         raw = acc.unwrap_model(policy)

@@ -1,4 +1,6 @@
 import os
+import random
+import statistics
 import sys
 from types import SimpleNamespace
 
@@ -16,22 +18,30 @@ def step(obs, reward=0.0, valid=True):
     return {"obs": obs, "reward": reward, "valid": valid}
 
 
-def slow_gigpo(trajs, gamma, omega):
-    """Pairwise loops straight from the definitions; returns {(traj, step): advantage}."""
-    ep = [sum(s["reward"] - (0 if s["valid"] else 0.1) for s in t["steps"]) for t in trajs]
-    ret = {}
+def slow_gigpo(trajs, gamma, omega, mode="mean_norm"):
+    """verl-agent's GiGPO as shared/README.md states it, plain loops; returns {(traj, step): advantage}."""
+    def norm(x, xs, single_mean):
+        if len(xs) == 1:
+            mean, std = single_mean(x), 1.0
+        else:
+            mean, std = statistics.mean(xs), statistics.stdev(xs)
+        return x - mean if mode == "mean_norm" else (x - mean) / (std + 1e-6)
+    score, ret = {}, {}
     for i, t in enumerate(trajs):
+        episode_return = sum(s["reward"] for s in t["steps"])
         for k, s in enumerate(t["steps"]):
+            score[i, k] = episode_return - (0 if s["valid"] else 0.1)
             r = sum(gamma ** (j - k) * t["steps"][j]["reward"] for j in range(k, len(t["steps"])))
             ret[i, k] = r - (0 if s["valid"] else 0.1)
     out = {}
-    for i, t in enumerate(trajs):
-        mates = [j for j, u in enumerate(trajs) if u["group"] == t["group"]]
-        a_ep = ep[i] - sum(ep[j] for j in mates) / len(mates)
-        for k, s in enumerate(t["steps"]):
-            same = [ret[j, m] for j in mates for m, u in enumerate(trajs[j]["steps"]) if u["obs"] == s["obs"]]
-            a_step = ret[i, k] - sum(same) / len(same) if len(same) > 1 else 0.0
-            out[i, k] = a_ep + omega * a_step
+    for (i, k), x in score.items():
+        g = trajs[i]["group"]
+        rows = [score[j, m] for (j, m) in score if trajs[j]["group"] == g]
+        a_ep = norm(x, rows, lambda _: 0.0)  # a one-row task group: mean 0, std 1
+        obs = trajs[i]["steps"][k]["obs"]
+        same = [ret[j, m] for (j, m) in ret if trajs[j]["group"] == g and trajs[j]["steps"][m]["obs"] == obs]
+        a_step = norm(ret[i, k], same, lambda y: y)  # a singleton anchor group: its own mean, so 0
+        out[i, k] = a_ep + omega * a_step
     return out
 
 
@@ -43,24 +53,42 @@ def cases():
         {"group": 1, "steps": [step("start"), step("a", 10.0)]},
         {"group": 1, "steps": [step("start"), step("z"), step("z", valid=False), step("a", 10.0)]},
         {"group": 1, "steps": [step("q", valid=False)]},                                       # length 1
+        {"group": 2, "steps": [step("start", 10.0)]},                                          # one-row group
+        {"group": 3, "steps": [step("start"), step("s")]},                                     # all equal
+        {"group": 3, "steps": [step("start"), step("s")]},
     ]
 
 
+def random_cases(seed):
+    rng = random.Random(seed)
+    out = []
+    for g in range(3):
+        for _ in range(4):
+            n = rng.randint(1, 6)
+            out.append({"group": g, "steps": [step(rng.choice("abcd"), 10.0 * (k == n - 1 and rng.random() < 0.4),
+                                                   rng.random() > 0.2) for k in range(n)]})
+    return out
+
+
+@pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
+@pytest.mark.parametrize("batch", [cases] + [lambda s=s: random_cases(s) for s in range(4)])
 @pytest.mark.parametrize("gamma,omega", [(0.95, 1.0), (0.5, 0.3), (1.0, 0.0)])
-def test_gigpo_matches_slow_reference(gamma, omega):
-    trajs = GG.gigpo_advantages(cases(), SimpleNamespace(gamma=gamma, omega=omega))
-    want = slow_gigpo(cases(), gamma, omega)
+def test_gigpo_matches_slow_reference(gamma, omega, batch, mode):
+    trajs = GG.gigpo_advantages(batch(), SimpleNamespace(gamma=gamma, omega=omega, gigpo_mode=mode))
+    want = slow_gigpo(batch(), gamma, omega, mode)
     for i, t in enumerate(trajs):
         for k, s in enumerate(t["steps"]):
-            assert s["adv"] == pytest.approx(want[i, k], abs=1e-12), (i, k)
+            assert s["adv"] == pytest.approx(want[i, k], abs=1e-9), (i, k)
 
 
 def test_gigpo_singleton_anchor_has_only_episode_advantage():
     trajs = GG.gigpo_advantages(cases(), SimpleNamespace(gamma=0.95, omega=1.0))
-    ep = G.episode_returns(cases())
-    a_ep = ep[2] - sum(ep[:3]) / 3
-    assert trajs[2]["steps"][1]["adv"] == pytest.approx(a_ep)          # "x" occurs once
-    assert trajs[5]["steps"][0]["adv"] == pytest.approx(ep[5] - sum(ep[3:]) / 3)
+    rows = [s for t in cases()[:3] for s in t["steps"]]
+    score = lambda i, s: sum(u["reward"] for u in cases()[i]["steps"]) - 0.1 * (not s["valid"])  # noqa: E731
+    mean = sum(score(i, s) for i in range(3) for s in cases()[i]["steps"]) / len(rows)
+    assert trajs[2]["steps"][1]["adv"] == pytest.approx(score(2, cases()[2]["steps"][1]) - mean)  # "x" occurs once
+    assert trajs[6]["steps"][0]["adv"] == pytest.approx(10.0)  # one row in its task group: mean 0
+    assert trajs[7]["steps"][0]["adv"] == trajs[8]["steps"][1]["adv"] == 0.0
 
 
 def test_gigpo_penalty_after_returns():
@@ -85,24 +113,43 @@ def seal_policy():
     return policy
 
 
-def test_seal_loss_masks_padding_and_matches_slow_reference():
+def test_seal_loss_reads_the_states_at_the_response_tokens():
+    """The released SEAL feeds the head h at y_1..y_R (the last at the end-of-turn token): positions p .. p+R-1 of
+    a plain unpadded forward, one later than the states whose logits give log pi(y_k)."""
     from accelerate import Accelerator
+    F = load("01_formats")
     policy = seal_policy()
     samples = dp_update.batch(policy)
     slow = []
-    for s in samples:  # one unpadded sample at a time: padded positions can't leak in
-        b = load("01_formats").pack(dp_update.Tok, [s])
+    for s in samples:
+        ids = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+        p, n = len(s["prompt_ids"]), len(s["response_ids"])
         with torch.no_grad():
-            _, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
-            z = policy.seal_head(h)[0, :, 0]
+            h = F.body_and_head(policy.lm)[0](input_ids=ids).last_hidden_state[0, p:p + n]
+            z = policy.seal_head(h)[:, 0]
         y = 1.0 if s["adv"] >= 0 else 0.0
         slow += [torch.nn.functional.softplus(-x).item() if y else torch.nn.functional.softplus(x).item() for x in z]
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.0)
-    args = SimpleNamespace(minibatches=1, ppo_epochs=1, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0)
+    args = dp_update.update_args()
     with_seal = G.update(policy, opt, Accelerator(), dp_update.Tok, samples, args, S.seal_loss(0.02))
     without = G.update(policy, opt, Accelerator(), dp_update.Tok, samples, args)
     assert with_seal["seal_bce"] == pytest.approx(sum(slow) / len(slow), rel=1e-6)
     assert with_seal["loss"] - without["loss"] == pytest.approx(0.02 * sum(slow) / len(slow), rel=1e-5)
+    b = F.pack(dp_update.Tok, samples)
+    with torch.no_grad():
+        h_tok = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])[2]
+        h_logit = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"], logit_states=True)[2]
+    n = len(samples[0]["response_ids"])
+    assert n > 1 and torch.equal(h_tok[0, :n - 1], h_logit[0, 1:n]) and not torch.allclose(h_tok, h_logit)
+
+
+def test_seal_depth_defaults_per_env(monkeypatch):
+    seen = []
+    monkeypatch.setattr(G, "train", lambda args, *a, **k: seen.append(args.seal_depth))
+    for env, depth in (("alfworld", 6), ("webshop", 3)):
+        S.main(["--env", env, "--out_dir", "/tmp/unused"])
+        S.main(["--env", env, "--seal_depth", "2", "--out_dir", "/tmp/unused"])
+    assert seen == [6, 2, 3, 2]
 
 
 def test_seal_gradient_reaches_the_backbone():

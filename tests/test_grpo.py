@@ -1,3 +1,4 @@
+import math
 import os
 import random
 import statistics
@@ -16,33 +17,137 @@ import dp_update  # noqa: E402
 
 
 def fake_trajs(seed=0, groups=3, size=4):
+    """Random batch: unequal lengths, invalid steps, rewards at the end (as the envs give them)."""
     rng = random.Random(seed)
     trajs = []
     for g in range(groups):
         for _ in range(size):
-            steps = [{"reward": rng.choice([0.0, 0.0, 10.0]) if k == 0 else 0.0, "valid": rng.random() > 0.3}
-                     for k in range(rng.randint(1, 5))]
-            trajs.append({"group": g, "steps": steps, "won": steps[0]["reward"] > 0})
+            n = rng.randint(1, 5)
+            steps = [{"reward": rng.choice([0.0, 0.0, 10.0]) if k == n - 1 else 0.0, "valid": rng.random() > 0.3}
+                     for k in range(n)]
+            trajs.append({"group": g, "steps": steps, "won": steps[-1]["reward"] > 0})
     return trajs
 
 
-def test_grpo_advantage_matches_slow_reference():
-    trajs = G.grpo_advantages(fake_trajs())
-    for t in trajs:
-        group = [u for u in trajs if u["group"] == t["group"]]
-        ret = lambda u: sum(s["reward"] - 0.1 * (0 if s["valid"] else 1) for s in u["steps"])  # noqa: E731
-        rs = [ret(u) for u in group]
-        want = (ret(t) - statistics.mean(rs)) / (statistics.stdev(rs) + 1e-6)
+def slow_row_grpo(trajs):
+    """verl-agent's GRPO as shared/README.md states it, one row per env step, plain loops: {(traj, step): A}."""
+    rows = []  # (group, traj, step, score)
+    for i, t in enumerate(trajs):
+        episode_return = 0.0
         for s in t["steps"]:
-            assert s["adv"] == pytest.approx(want, abs=1e-9)
+            episode_return += s["reward"]
+        for k, s in enumerate(t["steps"]):
+            rows.append((t["group"], i, k, episode_return - (0.1 if not s["valid"] else 0.0)))
+    out = {}
+    for g, i, k, score in rows:
+        mine = [x for h, _, _, x in rows if h == g]
+        if len(mine) == 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean, std = statistics.mean(mine), statistics.stdev(mine)
+        out[i, k] = (score - mean) / (std + 1e-6)
+    return out
+
+
+def slow_traj_grpo(trajs):
+    """--adv_level traj: one return per trajectory (penalties included), normalised over the group's trajectories."""
+    ret = [sum(s["reward"] - (0.1 if not s["valid"] else 0.0) for s in t["steps"]) for t in trajs]
+    out = {}
+    for i, t in enumerate(trajs):
+        mates = [ret[j] for j, u in enumerate(trajs) if u["group"] == t["group"]]
+        for k in range(len(t["steps"])):
+            out[i, k] = (ret[i] - statistics.mean(mates)) / (statistics.stdev(mates) + 1e-6)
+    return out
+
+
+def hand_batch():
+    """Unequal lengths, invalid steps, an all-equal group (2), a single-row group (3)."""
+    st = lambda r=0.0, v=True: {"reward": r, "valid": v}  # noqa: E731
+    return [{"group": 0, "steps": [st(), st(v=False), st(10.0)]},
+            {"group": 0, "steps": [st(v=False), st()]},
+            {"group": 0, "steps": [st(), st(), st(), st(10.0, v=False)]},
+            {"group": 1, "steps": [st(10.0)]},
+            {"group": 1, "steps": [st(v=False), st(), st(10.0)]},
+            {"group": 2, "steps": [st(), st()]},
+            {"group": 2, "steps": [st()]},
+            {"group": 3, "steps": [st(10.0, v=False)]}]
+
+
+@pytest.mark.parametrize("trajs", [hand_batch()] + [fake_trajs(seed) for seed in range(5)])
+def test_row_grpo_matches_slow_reference(trajs):
+    want = slow_row_grpo(trajs)
+    got = G.grpo_advantages(trajs, SimpleNamespace(adv_level="row"))
+    for i, t in enumerate(got):
+        for k, s in enumerate(t["steps"]):
+            assert s["adv"] == pytest.approx(want[i, k], abs=1e-9), (i, k)
+
+
+def test_row_grpo_edge_cases():
+    trajs = G.grpo_advantages(hand_batch())  # row is the default
+    assert all(s["adv"] == 0 for t in trajs if t["group"] == 2 for s in t["steps"])  # all-equal: no signal
+    assert trajs[-1]["steps"][0]["adv"] == pytest.approx((10.0 - 0.1) / (1 + 1e-6))  # one row: mean 0, std 1
+    first = trajs[0]["steps"]
+    assert first[1]["adv"] < first[0]["adv"] == first[2]["adv"]  # the penalty hits the invalid step alone
+
+
+def test_row_advantages_sum_to_zero_where_trajectory_ones_push_down():
+    """2 wins of 10 steps and 6 failures of 25: rows weigh by length, so only the row form is balanced."""
+    trajs = [{"group": 0, "steps": [{"reward": 10.0 * (k == 9), "valid": True} for k in range(10)]} for _ in range(2)]
+    trajs += [{"group": 0, "steps": [{"reward": 0.0, "valid": True} for _ in range(25)]} for _ in range(6)]
+    row = sum(s["adv"] for t in G.grpo_advantages(trajs, level="row") for s in t["steps"])
+    traj = sum(s["adv"] for t in G.grpo_advantages(trajs, level="traj") for s in t["steps"])
+    assert abs(row) < 1e-9 and -50 < traj < -48
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_traj_grpo_matches_slow_reference(seed):
+    trajs = fake_trajs(seed)
+    want = slow_traj_grpo(trajs)
+    for i, t in enumerate(G.grpo_advantages(trajs, level="traj")):
+        for k, s in enumerate(t["steps"]):
+            assert s["adv"] == pytest.approx(want[i, k], abs=1e-9)
 
 
 def test_identical_returns_give_zero_advantage():
     trajs = [{"group": 0, "steps": [{"reward": 10.0, "valid": True}]} for _ in range(4)]
-    assert all(t["steps"][0]["adv"] == 0 for t in G.grpo_advantages(trajs))
+    for level in ("row", "traj"):
+        assert all(t["steps"][0]["adv"] == 0 for t in G.grpo_advantages(trajs, level=level))
 
 
-def slow_loss(policy, samples, clip_eps, kl_coef):
+def slow_token_loss(lp, old, ref, a, ent, clip_eps=0.2, c=3.0, kl_coef=0.01, ent_coef=0.001):
+    """verl's actor loss for one token (dual-clip PPO, clamped k3 KL, entropy bonus), as shared/README.md states."""
+    ratio = math.exp(max(-20.0, min(20.0, lp - old)))
+    unclipped = -a * ratio
+    clipped = -a * max(1 - clip_eps, min(1 + clip_eps, ratio))
+    pg = max(unclipped, clipped)
+    if a < 0:
+        pg = min(pg, -c * a)
+    d = max(-20.0, min(20.0, ref - lp))
+    kl = max(-10.0, min(10.0, math.exp(d) - d - 1))
+    return pg + kl_coef * kl - ent_coef * ent, clipped > unclipped
+
+
+def test_token_losses_match_slow_reference_elementwise():
+    g = torch.Generator().manual_seed(0)
+    n = 4000  # wide ranges, so that the clip, the dual clip and the KL clamp all occur
+    lp = -torch.rand(n, generator=g, dtype=torch.float64) * 6
+    old = lp + (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 4
+    ref = lp + (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 8
+    adv = torch.randn(n, generator=g, dtype=torch.float64) * 2
+    ent = torch.rand(n, generator=g, dtype=torch.float64)
+    loss, clipped, _ = G.token_losses(lp, old, ref, adv, 0.2, 0.01, ent, 0.001, 3.0)
+    hits = {"dual": 0, "kl_clamp": 0, "clip": 0}
+    for i in range(n):
+        want, was_clipped = slow_token_loss(lp[i].item(), old[i].item(), ref[i].item(), adv[i].item(), ent[i].item())
+        assert loss[i].item() == pytest.approx(want, abs=1e-12) and bool(clipped[i]) == was_clipped, i
+        ratio = math.exp(lp[i].item() - old[i].item())
+        hits["dual"] += adv[i].item() < 0 and ratio > 3
+        hits["kl_clamp"] += math.exp(ref[i].item() - lp[i].item()) - (ref[i].item() - lp[i].item()) - 1 > 10
+        hits["clip"] += was_clipped
+    assert min(hits.values()) > 20, hits
+
+
+def slow_loss(policy, samples, clip_eps, kl_coef, ent_coef=0.001, c=3.0):
     """Token by token with a plain full-sequence forward, no packing: the reference for pack/gather/loss."""
     terms = []
     lm = policy.lm
@@ -54,13 +159,11 @@ def slow_loss(policy, samples, clip_eps, kl_coef):
                 ref_logits = lm(input_ids=ids).logits[0].float()
         p = len(s["prompt_ids"])
         for t, y in enumerate(s["response_ids"]):
-            lp = torch.log_softmax(logits[p + t - 1], -1)[y].item()
+            logq = torch.log_softmax(logits[p + t - 1], -1)
+            ent = -(logq.exp() * logq).sum().item()
             ref = torch.log_softmax(ref_logits[p + t - 1], -1)[y].item()
-            ratio = torch.exp(torch.tensor(lp - s["old_logp"][t])).item()
-            a = s["adv"]
-            surr = min(ratio * a, max(min(ratio, 1 + clip_eps), 1 - clip_eps) * a)
-            kl = torch.exp(torch.tensor(ref - lp)).item() - (ref - lp) - 1
-            terms.append(-surr + kl_coef * kl)
+            terms.append(slow_token_loss(logq[y].item(), s["old_logp"][t], ref, s["adv"], ent, clip_eps, c,
+                                         kl_coef, ent_coef)[0])
     return sum(terms) / len(terms)
 
 
@@ -68,11 +171,13 @@ def test_update_loss_matches_slow_reference():
     from accelerate import Accelerator
     policy = dp_update.build()
     samples = dp_update.batch(policy)
-    for s in samples:  # pretend the rollout policy differed, so ratios and clipping are exercised
-        s["old_logp"] = [x + random.Random(len(s["old_logp"])).uniform(-0.4, 0.4) for x in s["old_logp"]]
+    for j, s in enumerate(samples):  # pretend the rollout policy differed, so ratios, clip and dual clip occur
+        rng = random.Random(j)
+        s["old_logp"] = [x + rng.uniform(-0.4, 0.4) - 1.5 * (j % 3 == 0) for x in s["old_logp"]]
+        s["adv"] = -abs(s["adv"]) if j % 3 == 0 else s["adv"]
     want = slow_loss(policy, samples, 0.2, 0.01)
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.0)
-    args = SimpleNamespace(minibatches=1, ppo_epochs=1, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0)
+    args = dp_update.update_args()
     stats = G.update(policy, opt, Accelerator(), dp_update.Tok, samples, args)
     assert stats["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert 0 < stats["pg_clipfrac"] < 1 and stats["kl"] > 0
@@ -85,8 +190,7 @@ def test_micro_batches_give_the_same_step_as_one_batch():
         policy = dp_update.build()
         samples = dp_update.batch(policy)
         opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
-        args = SimpleNamespace(minibatches=2, ppo_epochs=1, clip_eps=0.2, kl_coef=0.01, max_grad_norm=1.0,
-                               micro_batch=micro)
+        args = dp_update.update_args(minibatches=2, micro_batch=micro)
         stats = G.update(policy, opt, Accelerator(), dp_update.Tok, samples, args)
         after.append(({k: v.detach().clone() for k, v in policy.named_parameters() if v.requires_grad}, stats))
     (a, sa), (b, sb) = after
