@@ -92,6 +92,8 @@ def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
     (["03_grpo.py", "--eval_ckpt", "/no/such/state.pt"], "no checkpoint file '/no/such/state.pt'"),
     (["03_grpo.py", "--val_seed", "7"], "--val_seed 7 lies in the train pool"),
     (["03_grpo.py", "--train_seeds", "3,x"], "--train_seeds must be comma-separated integers"),
+    (["03_grpo.py", "--adv_level", "token"], "--adv_level must be row or traj"),
+    (["04_gigpo.py", "--gigpo_mode", "std"], "--gigpo_mode must be mean_norm or mean_std_norm"),
 ])
 def test_bad_input_is_one_line(argv, msg):
     p = subprocess.run([sys.executable, *argv, "--updates", "1"], cwd=ROOT, capture_output=True, text=True,
@@ -104,3 +106,43 @@ def test_help(script):
     p = subprocess.run([sys.executable, f"{script}.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and "usage:" in p.stdout and p.stdout.count("--") > 3
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(small_base, tmp_path):
+    """A real SIGKILL mid-run, then the same command: every update is logged once, and the result is the
+    uninterrupted run's (same seeds, same parameters), because a checkpoint is written every update."""
+    import signal
+    import time
+    import torch
+
+    def cmd(out):
+        return [sys.executable, "03_grpo.py", *quick(small_base, out, "--env", "webshop", "--updates", "4",
+                                                      "--val_every", "0", "--rollouts_every", "1")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(cmd(tmp_path / "whole"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    killed = tmp_path / "killed"
+    p = subprocess.Popen(cmd(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (os.path.exists(killed / "metrics.jsonl") and len(rows(killed)) >= 2):
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL and 2 <= len(rows(killed)) < 4
+    subprocess.run(cmd(killed), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    a, b = rows(tmp_path / "whole"), rows(killed)
+    assert [r["update"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if "seconds" not in k} == {k: v for k, v in y.items() if "seconds" not in k}
+    assert sorted(os.listdir(killed / "rollouts")) == sorted(os.listdir(tmp_path / "whole" / "rollouts"))
+    pa, pb = (torch.load(d / "ckpt" / "state.pt", weights_only=False)["params"] for d in (tmp_path / "whole", killed))
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_trim_logs_cuts_back_to_the_checkpoint(tmp_path):
+    (tmp_path / "rollouts").mkdir()
+    for u in (1, 2, 3):
+        (tmp_path / "rollouts" / f"update{u:05d}-rank0.jsonl").write_text("{}\n")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"update": u}) + "\n" for u in (1, 2, 3)) + '{"upd')
+    G.trim_logs(str(tmp_path), 2)
+    assert [r["update"] for r in rows(tmp_path)] == [1, 2]
+    assert sorted(os.listdir(tmp_path / "rollouts")) == ["update00001-rank0.jsonl", "update00002-rank0.jsonl"]
