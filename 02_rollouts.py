@@ -10,6 +10,9 @@ and per batch the degenerate-pattern rates of the paper:
                     response, pooled over the batch
     hallucination = share of WebShop option clicks that name something not on the current page
 
+Deviations from the reference (verl-agent): responses are capped at --max_new_tokens 64 (verl-agent: 512), enough
+for the embedded default's one-sentence thoughts; nothing else (the prompts and the projection are 01's copies).
+
     python 02_rollouts.py --env webshop --tasks 4 --group_size 8      # writes runs/rollouts/webshop.jsonl
 """
 import importlib

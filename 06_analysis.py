@@ -31,6 +31,8 @@ average over w updates, thr = rise * (max s - min s) (or an absolute --rise_abs)
     eruption starts at the trough lo once s_u - s_lo > thr (lo = running minimum since the last phase change);
     its peak is confirmed once s_u < s_peak - thr -> subsidence, which ends when s falls back to s_start (or at the
     trough of the next eruption); every other update is descent. Eruption interval = (start, peak, end).
+The lemma checks take h_k at the positions whose logits give q_k (Policy(..., logit_states=True)); the rollouts'
+hidden_mean, like SEAL's head, averages the states at the response tokens y_k themselves (one position later).
 Separation of the trajectory-mean hidden states hbar (hidden_mean averaged over an episode's steps), correct vs wrong:
     Fisher ratio S = ||mu_c - mu_w||^2 / (tr Sigma_c + tr Sigma_w),   Sigma = (1/n) sum (hbar - mu)(hbar - mu)^T
     (scale-free; 0 = same means; grows as the classes pull apart relative to their spread). Maps: top-2 PCA by SVD.
@@ -38,7 +40,7 @@ Gradient interference (Lemma 3.3 per sample) at a checkpoint, on G saved steps j
     c_j = (1/G) sum_i <g_i, g_j>, g_j = grad_LoRA l_j;  (1/G) sum_j A_j c_j > 0 <=> a GRPO step raises mean l_i.
 
     python 06_analysis.py                          # random-init tiny Qwen2 + LoRA -> runs/analysis/lemmas.json
-    python 06_analysis.py --model base/tiny   # the same checks on a saved checkpoint as well
+    python 06_analysis.py --model base/tiny        # the same checks on a saved checkpoint as well
     python 06_analysis.py --runs runs/grpo-webshop-s0,runs/grpo+seal-webshop-s0    # plots + summary.md
     python 06_analysis.py --runs runs/grpo-webshop-s0 --interference               # + c_j vs A_j at the checkpoint
 """
