@@ -60,7 +60,8 @@ def group_norm(scores, use_std=True, eps=1e-6):
     """(x - mean) / (std + eps) over one group, unbiased std; a one-element group has mean 0 and std 1, as in
     verl's compute_grpo_outcome_advantage and verl-agent's episode_norm_reward."""
     x = torch.tensor(scores, dtype=torch.float64)
-    mean, std = (x.mean(), x.std()) if len(x) > 1 else (torch.tensor(0.0, dtype=x.dtype), torch.tensor(1.0, dtype=x.dtype))
+    one = len(x) == 1
+    mean, std = (x.new_tensor(0.0), x.new_tensor(1.0)) if one else (x.mean(), x.std())
     return ((x - mean) / (std + eps) if use_std else x - mean).tolist()
 
 
@@ -450,7 +451,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
         if start:
             print(f"resuming {args.out_dir} from update {start}")
     log = open(os.path.join(args.out_dir, "metrics.jsonl"), "a") if accelerator.is_main_process else None
-    bar = tqdm(range(start, args.updates), desc=f"{args.algo}{'+seal' if aux else ''} {args.env}", disable=not accelerator.is_main_process,
+    label = f"{args.algo}{'+seal' if aux else ''} {args.env}"
+    bar = tqdm(range(start, args.updates), desc=label, disable=not accelerator.is_main_process,
                initial=start, total=args.updates)
     update_i = start
     try:
