@@ -78,8 +78,7 @@ def score(policy, tok, samples, batch_size=16):
     """Adds old_logp, entropy (lists per token) and hidden_mean (vector) to each sample, in place."""
     policy.eval()
     device = next(policy.parameters()).device
-    for i in range(0, len(samples), batch_size):
-        chunk = samples[i:i + batch_size]
+    for chunk in F.micro_batches(samples, batch_size):  # length-sorted: far less padding than arrival order
         b = F.pack(tok, chunk, device)
         logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
         m = b["mask"]
@@ -164,7 +163,7 @@ class Args:
     history_length: int = 2
     max_new_tokens: int = 64
     seed: int = 0
-    out: str = "runs/rollouts"
+    out: str = os.path.join(F.ROOT, "runs", "rollouts")
 
 
 def main(argv=None):

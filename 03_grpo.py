@@ -19,8 +19,11 @@ Deviations from the reference (verl-agent), each a flag:
                            trajectories: the form the paper's lemmas are written in (default row = the reference)
     --lr 2e-4, LoRA r 16   the paper trains full 1.5B-7B models at lr 2e-6; here a LoRA on a 1M-parameter model
     --tasks 4, --minibatches 2, --history_length 2   CPU-sized batches and prompts (verl-agent: 16 x 8, 5 steps)
+    token-mean             over all response tokens of the mini-batch, exactly, whatever the micro-batching (verl
+                           takes the mean of each micro-batch and averages those: the same when micro-batches hold
+                           equal token counts); this is what makes the 2-process update equal the 1-process one
 
-    python 03_grpo.py --env webshop --updates 200                # single process
+    python 03_grpo.py --env webshop --updates 200                # single process; ends with runs/.../analysis/
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
     python 03_grpo.py --env webshop --eval_ckpt runs/grpo-webshop-s0/ckpt/state.pt --val_tasks 256  # evaluate
 """
@@ -30,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, asdict
 
@@ -127,8 +131,7 @@ def reference_logps(policy, tok, samples, batch_size=16):
     lm = policy.lm
     ctx = lm.disable_adapter() if hasattr(lm, "disable_adapter") else torch.no_grad()
     with ctx:
-        for i in range(0, len(samples), batch_size):
-            chunk = samples[i:i + batch_size]
+        for chunk in F.micro_batches(samples, batch_size):  # length-sorted, as in 02's score()
             b = F.pack(tok, chunk, next(policy.parameters()).device)
             logp, _, _ = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
             for j, s in enumerate(chunk):
@@ -266,7 +269,9 @@ class Args:
     rollouts_every: int = 10
     """save the batch's trajectory records (with mean hidden states) to out_dir/rollouts every k updates; 0 = never"""
     out_dir: str = ""
-    """default runs/{algo}-{env}-s{seed}"""
+    """default <project>/runs/{algo}-{env}-s{seed}, wherever the command is run from"""
+    analyse: bool = True
+    """when the run ends, write 06's plots and summary.md to out_dir/analysis and print their paths"""
     resume: bool = True
     """continue from out_dir/ckpt when it exists"""
     eval_ckpt: str = ""
@@ -304,7 +309,7 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit(f"error: --val_seed {args.val_seed} lies in the train pool 0..{args.train_pool - 1}")
     if args.eval_ckpt not in ("", "base") and not os.path.isfile(args.eval_ckpt):
         raise SystemExit(f"error: no checkpoint file {args.eval_ckpt!r}")
-    args.out_dir = args.out_dir or f"runs/{args.algo}{tag}-{args.env}-s{args.seed}"
+    args.out_dir = args.out_dir or os.path.join(F.ROOT, "runs", f"{args.algo}{tag}-{args.env}-s{args.seed}")
     return args
 
 
@@ -389,7 +394,8 @@ def read_jsonl(file):
 
 def trim_logs(out_dir, update):
     """Resume (or a fresh start over an old folder): keep only what was logged up to the checkpoint's update, so
-    every update appears once in metrics.jsonl and rollouts/ even when a kill came between logging and saving."""
+    every update appears once in metrics.jsonl, rollouts/ and the ckpt/ snapshots even when a kill came between
+    logging and saving."""
     path = os.path.join(out_dir, "metrics.jsonl")
     lines = open(path).read().splitlines() if os.path.exists(path) else []
     keep = []
@@ -404,10 +410,12 @@ def trim_logs(out_dir, update):
         with open(path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in keep)
         os.replace(path + ".tmp", path)
-    folder = os.path.join(out_dir, "rollouts")
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        if name.startswith("update") and int(name[6:11]) > update:
-            os.remove(os.path.join(folder, name))
+    for sub, pattern in (("rollouts", r"update(\d+)-rank\d+\.jsonl$"), ("ckpt", r"state-u(\d+)\.pt$")):
+        folder = os.path.join(out_dir, sub)
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            hit = re.match(pattern, name)
+            if hit and int(hit.group(1)) > update:
+                os.remove(os.path.join(folder, name))
 
 
 def train(args, advantage_fn, make_policy=R.Policy, aux=None):
@@ -454,7 +462,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     label = f"{args.algo}{'+seal' if aux else ''} {args.env}"
     bar = tqdm(range(start, args.updates), desc=label, disable=not accelerator.is_main_process,
                initial=start, total=args.updates)
-    update_i = start
+    saved = start
     try:
         for update_i in bar:
             t0 = time.time()
@@ -490,11 +498,12 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
             snap = bool(args.snapshot_every) and (update_i + 1) % args.snapshot_every == 0
             if (update_i + 1) % args.save_every == 0 or snap:
                 save_ckpt(accelerator, policy, opt, update_i + 1, ckpt, snap)
-        update_i = args.updates
-    except KeyboardInterrupt:
+                saved = update_i + 1
+        if saved < args.updates:
+            save_ckpt(accelerator, policy, opt, args.updates, ckpt)
+    except KeyboardInterrupt:  # the update in flight may have stepped part of its mini-batches: never save it
         if accelerator.is_main_process:
-            print(f"\ninterrupted: saving update {update_i} to {ckpt}")
-    save_ckpt(accelerator, policy, opt, max(update_i, start), ckpt)
+            print(f"\ninterrupted: {ckpt} holds update {saved}; rerun the same command to resume")
     if log:
         log.close()
     if writer:
@@ -502,7 +511,34 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     accelerator.wait_for_everyone()
     if torch.distributed.is_initialized():  # a live gloo group at interpreter exit can abort the process
         torch.distributed.destroy_process_group()
+    if args.analyse and accelerator.is_main_process:
+        report(args.out_dir)
     return os.path.join(args.out_dir, "metrics.jsonl")
+
+
+def report(out_dir):
+    """The end of a run: 06's plots and summary.md of this run's logs, and a few lines of what happened.
+    (The one place an earlier script calls a later one: the analysis is 06's, the trainer only asks for it.)"""
+    A = importlib.import_module("06_analysis")
+    rows = read_jsonl(os.path.join(out_dir, "metrics.jsonl"))
+    if not rows:
+        return None
+    res = A.analyse_logs(A.Args(runs=out_dir, out_dir=os.path.join(out_dir, "analysis"), lemmas=False))
+
+    w = min(5, max(len(rows) // 2, 1))
+
+    def span(key):
+        v = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        k = 1 if key == "val_success" else w
+        return f"{sum(v[:k]) / k:.3f} -> {sum(v[-k:]) / k:.3f}" if v else "n/a"
+
+    print(f"\n{out_dir}: {len(rows)} updates, {sum(r.get('seconds', 0) for r in rows) / 60:.1f} min of updates")
+    print(f"  train success (mean of the first / last {w} updates): {span('success')}")
+    print(f"  token entropy (first / last {w}): {span('entropy')};  valid-action ratio: {span('valid_ratio')}")
+    print(f"  held-out val success (first / last pass): {span('val_success')}")
+    print(f"  summary: {res['summary']}")
+    print("  plots:   " + "\n           ".join(p for ps in res["pngs"].values() for p in ps))
+    return res
 
 
 def main(argv=None, extra=None):

@@ -78,6 +78,8 @@ ADVANTAGES = dict(G.ADVANTAGES, gigpo=gigpo_advantages)
 def check_args(args, advantages=ADVANTAGES, tag=""):
     if getattr(args, "gigpo_mode", "mean_norm") not in ("mean_norm", "mean_std_norm"):
         raise SystemExit(f"error: --gigpo_mode must be mean_norm or mean_std_norm, got {args.gigpo_mode!r}")
+    if args.algo == "gigpo" and getattr(args, "adv_level", "row") != "row":
+        raise SystemExit("error: --adv_level traj is a GRPO option; GiGPO's episode term is over step rows")
     return G.check_args(args, advantages, tag)
 
 

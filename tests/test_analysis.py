@@ -257,3 +257,32 @@ def test_webshop_outcomes_replays_saved_episodes():
     r = A.webshop_outcomes(rollouts)
     assert r["episodes"] == 2 and r["outcomes"] == {"won": 1, "no purchase": 1}
     assert r["back_rate"] == pytest.approx(1 / (len(expert) + len(browse)))
+
+
+def test_control_run_sets_the_noise_floor(tmp_path):
+    """--control: the threshold is k x the control's update-to-update sd x sqrt(2/w); with it, a run that is noise
+    of the same size shows no eruption while the same noise plus two bumps shows both (the relative default rule
+    labels eruptions in the noise run too)."""
+    rng = random.Random(5)
+    noise = lambda: [0.05 + rng.gauss(0, 0.01) for _ in range(150)]  # noqa: E731
+    control, flat, bumpy = (str(tmp_path / n) for n in ("lr0-webshop-s0", "flat", "bumpy"))
+    c = noise()
+    write_run(control, c, sep_gap=1.0, seed=0)
+    write_run(flat, noise(), sep_gap=1.0, seed=1)
+    write_run(bumpy, [x + y + z for x, y, z in zip(noise(), bump(150, 40, 0.08, 6), bump(150, 110, 0.08, 6))],
+              sep_gap=1.0, seed=2)
+    d = [b - a for a, b in zip(c, c[1:])]
+    md = sum(d) / len(d)
+    sd = (sum((x - md) ** 2 for x in d) / (len(d) - 1)) ** 0.5 / 2 ** 0.5
+    rep = A.main(["--runs", f"{flat},{bumpy}", "--control", control, "--out_dir", str(tmp_path / "a")])
+    noise_info, st = rep["logs"]["noise"], rep["logs"]["stats"]
+    assert math.isclose(noise_info["threshold"], 4 * sd * math.sqrt(2 / 5), rel_tol=1e-12)
+    assert 0.008 < noise_info["sd"] < 0.012  # the sd the noise was drawn with
+    assert st["flat"]["eruptions"] == []
+    assert [abs(p - at) <= 6 for (_, p, _), at in zip(st["bumpy"]["eruptions"], (40, 110))] == [True, True]
+    assert "no-learning control" in (tmp_path / "a" / "summary.md").read_text()
+    assert len(A.label_phases(series_of(flat))["intervals"]) > 0  # the relative rule finds 'eruptions' in noise
+
+
+def series_of(run):
+    return [r["entropy"] for r in A.load_metrics(run)]

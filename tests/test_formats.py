@@ -232,7 +232,9 @@ def test_shipped_base_was_built_by_todays_code():
     with open(os.path.join(path, "base.json")) as f:
         report = json.load(f)
     now = dataclasses.asdict(F.Args())
-    differ = {k: (v, now[k]) for k, v in report["args"].items() if k not in ("out_dir", "force") and now.get(k) != v}
+    built = report["args"]
+    differ = {k: (built.get(k), now.get(k)) for k in set(built) | set(now)
+              if k not in ("out_dir", "force") and built.get(k) != now.get(k)}
     assert not differ, f"the shipped base was built with other settings (built, now): {differ}"
     _, tok = F.load_pretrained(path)
     fresh = F.fingerprint(F.Args(), tok)

@@ -54,6 +54,8 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     assert keys <= set(first[-1]), keys - set(first[-1])
     assert os.path.exists(os.path.join(tmp_path, "rollouts", "update00002-rank0.jsonl"))
     assert os.path.exists(os.path.join(tmp_path, "ckpt", "state-u00002.pt"))
+    # the run ends with 06's report of its own logs
+    assert {"summary.md", "entropy.png", "success.png"} <= set(os.listdir(os.path.join(tmp_path, "analysis")))
     if script == "05_seal":
         assert 0 <= first[-1]["seal_acc"] <= 1 and first[-1]["seal_bce"] > 0
     # resume: asking for 3 updates continues at update 3 instead of starting over
@@ -94,6 +96,7 @@ def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
     (["03_grpo.py", "--train_seeds", "3,x"], "--train_seeds must be comma-separated integers"),
     (["03_grpo.py", "--adv_level", "token"], "--adv_level must be row or traj"),
     (["04_gigpo.py", "--gigpo_mode", "std"], "--gigpo_mode must be mean_norm or mean_std_norm"),
+    (["05_seal.py", "--algo", "gigpo", "--adv_level", "traj"], "--adv_level traj is a GRPO option"),
 ])
 def test_bad_input_is_one_line(argv, msg):
     p = subprocess.run([sys.executable, *argv, "--updates", "1"], cwd=ROOT, capture_output=True, text=True,
@@ -140,9 +143,13 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(small_base, tmp_path):
 
 def test_trim_logs_cuts_back_to_the_checkpoint(tmp_path):
     (tmp_path / "rollouts").mkdir()
+    (tmp_path / "ckpt").mkdir()
     for u in (1, 2, 3):
         (tmp_path / "rollouts" / f"update{u:05d}-rank0.jsonl").write_text("{}\n")
+        (tmp_path / "ckpt" / f"state-u{u:05d}.pt").write_text("")
+    (tmp_path / "ckpt" / "state.pt").write_text("")
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"update": u}) + "\n" for u in (1, 2, 3)) + '{"upd')
     G.trim_logs(str(tmp_path), 2)
     assert [r["update"] for r in rows(tmp_path)] == [1, 2]
     assert sorted(os.listdir(tmp_path / "rollouts")) == ["update00001-rank0.jsonl", "update00002-rank0.jsonl"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["state-u00001.pt", "state-u00002.pt", "state.pt"]

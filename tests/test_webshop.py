@@ -66,6 +66,28 @@ def test_expert_wins_50_tasks():
         assert all(not info["won"] and info["score"] is None for _, _, info in trace[:-1])
 
 
+def test_browse_expert_opens_the_hits_in_rank_order():
+    """The browse expert only uses what the pages show: it opens the search results first to last, goes back from
+    every item that does not fit, and buys the first that does (with its options)."""
+    env, won = WebShopEnv(expert="browse"), 0
+    for seed in range(50):
+        trace = run_expert(env, seed)
+        opened = [a[len("click["):-1] for a, _, info in trace if info["page"] == "item" and info["score"] is None
+                  and a[len("click["):-1] in env.by_asin]
+        ranked = [env.products[i].asin.lower() for i in env.results]
+        assert opened == ranked[:len(opened)], seed
+        fits = [env.fits(env.products[env.by_asin[a]]) for a in opened]
+        assert not any(fits[:-1]), seed
+        if env.score is not None:  # it only buys what fits, so every purchase wins
+            assert fits[-1] and env.won and trace[-1][1] == 10.0
+        else:  # the step cap came first
+            assert len(trace) == env.max_steps
+        won += env.won
+    assert 0 < won < 50  # some fits lie too deep in the ranking for 10 steps (the oracle wins all 50)
+    with pytest.raises(ValueError, match="unknown WebShop expert"):
+        WebShopEnv(expert="psychic")
+
+
 def test_expert_recovers_from_detours():
     env = WebShopEnv(max_steps=40)
     for seed in range(10):
