@@ -243,7 +243,7 @@ def body_and_head(lm):
     return base.model, base.lm_head
 
 
-def response_hidden(lm, input_ids, attention_mask, gather_index):
+def response_hidden(lm, input_ids, attention_mask, gather_index, prefix=None):
     """Last-layer hidden states (after the final norm): (at the positions that predict the response tokens y_1..y_R,
     at the response tokens themselves). The second is one position later (y_R's is the end-of-turn token's): the
     states SEAL's head and the paper's representation analysis read.
@@ -251,9 +251,64 @@ def response_hidden(lm, input_ids, attention_mask, gather_index):
     Applying the unembedding only at the first, not at every prompt position, is most of the cost saved on long
     prompts. pack() leaves room for the later index: a row's last response token sits inside the padded batch.
     """
+    if prefix is not None:  # a pack_shared() batch
+        return shared_response_hidden(lm, input_ids, attention_mask, gather_index, prefix)
     hidden = body_and_head(lm)[0](input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     idx = gather_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
     return hidden.gather(1, idx), hidden.gather(1, idx + 1)
+
+
+def shared_response_hidden(lm, ids, attn, positions, prefix):
+    """response_hidden() for a pack_shared() batch, with the same two outputs.
+
+    Each distinct prompt runs once; its keys/values are then copied to every sample that continues it (the cache's
+    batch_select_indices) and the responses run on top. Exact: a response token attends to the same prompt keys and
+    values either way (padding slots are masked), and RoPE sees the same positions. In the update the copies are
+    views in the autograd graph, so the gradient through a shared prompt is the sum of its samples' gradients, as
+    when every sample ran its own copy of the prompt.
+    """
+    body = body_and_head(lm)[0]
+    out = body(input_ids=prefix["input_ids"], attention_mask=prefix["attention_mask"], use_cache=True)
+    cache = out.past_key_values
+    cache.batch_select_indices(prefix["owner"])
+    cont = body(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                use_cache=True).last_hidden_state
+    first = out.last_hidden_state[prefix["owner"], prefix["last"]]  # the prompt's last state predicts y_1
+    return torch.cat([first.unsqueeze(1), cont[:, :-1]], 1), cont
+
+
+def pack_shared(tok, samples, device="cpu"):
+    """pack() that computes each distinct prompt once. The top-level keys describe the responses only (input_ids
+    [B, R] right-padded, attention_mask [B, P + R] over prompt slots then response slots, gather_index = their RoPE
+    positions, targets, mask as in pack()); `prefix` holds the distinct prompts, right-padded [U, P], which prompt
+    each sample continues (owner) and that prompt's last position (last)."""
+    uniq, owner = {}, []
+    for s in samples:
+        owner.append(uniq.setdefault(tuple(s["prompt_ids"]), len(uniq)))
+    prompts = list(uniq)
+    P, R = max(map(len, prompts)), max(len(s["response_ids"]) for s in samples)
+    p_ids = torch.full((len(prompts), P), tok.pad_token_id, dtype=torch.long)
+    p_attn = torch.zeros_like(p_ids)
+    for u, p in enumerate(prompts):
+        p_ids[u, :len(p)] = torch.tensor(p)
+        p_attn[u, :len(p)] = 1
+    ids = torch.full((len(samples), R), tok.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), P + R), dtype=torch.long)
+    pos = torch.zeros_like(ids)
+    mask = torch.zeros((len(samples), R))
+    for b, (s, u) in enumerate(zip(samples, owner)):
+        n, r = len(prompts[u]), s["response_ids"]
+        ids[b, :len(r)] = torch.tensor(r)
+        attn[b, :n] = 1
+        attn[b, P:P + len(r)] = 1
+        pos[b] = torch.arange(n, n + R)
+        mask[b, :len(r)] = 1
+    prefix = dict(input_ids=p_ids, attention_mask=p_attn, owner=torch.tensor(owner),
+                  last=torch.tensor([len(prompts[u]) - 1 for u in owner]))
+    out = dict(input_ids=ids, attention_mask=attn, gather_index=pos, targets=ids.clone(), mask=mask)
+    out = {k: v.to(device) for k, v in out.items()}
+    out["prefix"] = {k: v.to(device) for k, v in prefix.items()}
+    return out
 
 
 def pack(tok, samples, device="cpu"):
@@ -278,16 +333,33 @@ def pack(tok, samples, device="cpu"):
 
 
 # --------------------------------------------------------------------------------------------- generation + play
+def shared_prefill(model, enc, prompts):
+    """The KV cache of all but the last token of every prompt, computed once per distinct prompt and copied to its
+    rows (the G episodes of a task often stand in the same state). generate() then only runs the rest. Exact: the
+    same keys and values at the same (left-padded) positions as generate's own prefill of every row."""
+    first = {}
+    owner = torch.tensor([first.setdefault(p, len(first)) for p in prompts], device=enc["input_ids"].device)
+    rows = torch.tensor([prompts.index(p) for p in first], device=owner.device)
+    attn = enc["attention_mask"][rows, :-1]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # generate's own position ids for left padding
+    cache = model(input_ids=enc["input_ids"][rows, :-1], attention_mask=attn, position_ids=pos,
+                  use_cache=True).past_key_values
+    cache.batch_select_indices(owner)
+    return cache
+
+
 @torch.no_grad()
-def generate(model, tok, prompts, temperature, max_new_tokens):
-    """Batched sampling with left padding and KV cache. Returns response token ids (eos kept) per prompt."""
+def generate(model, tok, prompts, temperature, max_new_tokens, share=True):
+    """Batched sampling with left padding and KV cache. Returns response token ids (eos kept) per prompt.
+    share: prefill each distinct prompt once (shared_prefill)."""
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     device = next(model.parameters()).device
     enc = {k: v.to(device) for k, v in enc.items()}
     sample = temperature > 0
+    cache = shared_prefill(model, enc, prompts) if share and len(set(prompts)) < len(prompts) else None
     out = model.generate(**enc, do_sample=sample, temperature=temperature if sample else None, top_p=1.0, top_k=0,
                          max_new_tokens=max_new_tokens, eos_token_id=eos_ids(tok), pad_token_id=tok.pad_token_id,
-                         use_cache=True)
+                         use_cache=True, cache=cache)
     stops = set(eos_ids(tok))
     responses = []
     for row in out[:, enc["input_ids"].shape[1]:].tolist():
@@ -375,7 +447,7 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
     expert's way back from there is recorded. Without it every demo is a straight path: the WebShop expert clicks
     the one fitting product using facts the results page hides (its options), so a model trained on straight paths
     never sees an item that does not fit, never learns `< prev`, and RL cannot sample a recovery it gives ~0 chance.
-    expert: the WebShop expert ("browse", the default of build_base, only uses what the page shows; "oracle")."""
+    expert: the WebShop expert ("oracle", the default of build_base, or "browse", which only uses what the page shows)."""
     from datasets import Dataset
     rows = []
     env = make_env(env_name, **({"expert": expert} if expert else {}))
@@ -412,12 +484,31 @@ def demo_pairs(tok, dataset, max_len=1024):
     return pairs
 
 
-def micro_batches(samples, size):
+def micro_batches(samples, size, share=False):
     """Samples sorted by prompt+response length, cut into runs of `size` (0 = one run): padding each run to its own
-    longest row wastes far fewer tokens than padding a random batch. Callers add up the runs' gradients."""
-    ordered = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
-    size = size or len(ordered)
-    return [ordered[k:k + size] for k in range(0, len(ordered), size)]
+    longest row wastes far fewer tokens than padding a random batch. Callers add up the runs' gradients.
+    share: keep the samples of one prompt in one run (sorted by prompt length), so pack_shared() computes it once; a
+    run then holds whole prompt groups, `size` samples or fewer unless one group alone is larger."""
+    if not share:
+        ordered = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
+        size = size or len(ordered)
+        return [ordered[k:k + size] for k in range(0, len(ordered), size)]
+    groups = {}
+    for s in samples:
+        groups.setdefault(tuple(s["prompt_ids"]), []).append(s)
+    runs, run = [], []
+    for g in sorted(groups.values(), key=lambda g: (len(g[0]["prompt_ids"]), g[0]["prompt_ids"])):
+        if run and size and len(run) + len(g) > size:
+            runs.append(run)
+            run = []
+        run += g
+    return runs + [run] if run else runs
+
+
+def batches(tok, samples, size, device="cpu", share=True):
+    """(chunk, packed batch) pairs over micro_batches(): pack_shared() when share, else pack()."""
+    for chunk in micro_batches(samples, size, share):
+        yield chunk, (pack_shared if share else pack)(tok, chunk, device)
 
 
 def shifted_masks(b):

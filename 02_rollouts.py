@@ -43,8 +43,8 @@ class Policy(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, attention_mask, gather_index, targets, logit_states=False):
-        h, h_tok = F.response_hidden(self.lm, input_ids, attention_mask, gather_index)
+    def forward(self, input_ids, attention_mask, gather_index, targets, logit_states=False, prefix=None):
+        h, h_tok = F.response_hidden(self.lm, input_ids, attention_mask, gather_index, prefix)
         logits = F.body_and_head(self.lm)[1](h)
         if logits.dtype in (torch.float16, torch.bfloat16):  # softmax in full precision
             logits = logits.float()
@@ -74,13 +74,14 @@ def flatten(trajs, tok):
 
 
 @torch.no_grad()
-def score(policy, tok, samples, batch_size=16):
-    """Adds old_logp, entropy (lists per token) and hidden_mean (vector) to each sample, in place."""
+def score(policy, tok, samples, batch_size=16, share=True):
+    """Adds old_logp, entropy (lists per token) and hidden_mean (vector) to each sample, in place.
+    Length-sorted micro-batches (far less padding than arrival order); share: each distinct prompt runs once."""
     policy.eval()
     device = next(policy.parameters()).device
-    for chunk in F.micro_batches(samples, batch_size):  # length-sorted: far less padding than arrival order
-        b = F.pack(tok, chunk, device)
-        logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+    for chunk, b in F.batches(tok, samples, batch_size, device, share):
+        logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"],
+                              prefix=b.get("prefix"))
         m = b["mask"]
         hbar = (h * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
         for j, s in enumerate(chunk):
@@ -125,11 +126,11 @@ def batch_metrics(trajs):
 
 # --------------------------------------------------------------------------------------------- collection
 def collect(policy, tok, env_name, seeds, group_size, temperature, max_steps, history_length, max_new_tokens,
-            progress=False):
+            progress=False, share=True):
     """play() from 01 + scoring. Returns (trajectories, flat step samples)."""
     trajs = F.play(policy.lm, tok, env_name, seeds, group_size, temperature, max_steps, history_length,
                    max_new_tokens, progress)
-    samples = score(policy, tok, flatten(trajs, tok))
+    samples = score(policy, tok, flatten(trajs, tok), share=share)
     for s in samples:  # scores go back onto the trajectories so saved records carry them
         trajs[s["traj"]]["steps"][s["step"]].update(
             {k: s[k] for k in ("prompt_ids", "old_logp", "entropy", "hidden_mean")})

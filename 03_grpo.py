@@ -126,14 +126,14 @@ def mean_over_processes(accelerator, m):
 
 
 @torch.no_grad()
-def reference_logps(policy, tok, samples, batch_size=16):
+def reference_logps(policy, tok, samples, batch_size=16, share=True):
     """log pi_ref per response token: the same network with the LoRA adapter switched off."""
     lm = policy.lm
     ctx = lm.disable_adapter() if hasattr(lm, "disable_adapter") else torch.no_grad()
     with ctx:
-        for chunk in F.micro_batches(samples, batch_size):  # length-sorted, as in 02's score()
-            b = F.pack(tok, chunk, next(policy.parameters()).device)
-            logp, _, _ = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+        for chunk, b in F.batches(tok, samples, batch_size, next(policy.parameters()).device, share):  # as score()
+            logp, _, _ = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"],
+                                prefix=b.get("prefix"))
             for j, s in enumerate(chunk):
                 s["ref_logp"] = logp[j, :len(s["response_ids"])].tolist()
 
@@ -143,7 +143,7 @@ def prepare_batch(policy, tok, trajs, samples, advantage_fn, args):
     advantage_fn(trajs, args)
     for s in samples:
         s["adv"] = trajs[s["traj"]]["steps"][s["step"]]["adv"]
-    reference_logps(policy, tok, samples)
+    reference_logps(policy, tok, samples, share=args.share_prefix)
 
 
 def update(policy, opt, accelerator, tok, samples, args, aux=None):
@@ -160,33 +160,34 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
     order = list(range(len(samples)))
     chunks = [order[k::args.minibatches] for k in range(args.minibatches)]
     micro = getattr(args, "micro_batch", 0)  # 0 = the whole minibatch at once
+    share = getattr(args, "share_prefix", False)
     for _ in range(args.ppo_epochs):
         for idx in chunks:
             # Micro-batches of similar length: padding a 55 x 700-token batch to its longest row cost 2.5x the time
             # of the same tokens in sorted chunks of 16. Gradients add up, so the step is the same as one big batch.
-            parts = F.micro_batches([samples[i] for i in idx], micro)
+            parts = list(F.batches(tok, [samples[i] for i in idx], micro, device, share))
             n_local = sum(len(samples[i]["response_ids"]) for i in idx)
             n_global = all_sum(accelerator, n_local)
             opt.zero_grad()
             loss_sum = clip_sum = kl_sum = 0.0
             extra = {}
-            for j, part in enumerate(parts):
-                b = F.pack(tok, part, device)
+            for j, (part, b) in enumerate(parts):
                 old = R.pack_values([s["old_logp"] for s in part], b["mask"])
                 ref = R.pack_values([s["ref_logp"] for s in part], b["mask"])
                 adv = torch.tensor([s["adv"] for s in part], device=device).unsqueeze(1).expand_as(b["mask"])
                 # only the last micro-batch syncs gradients across processes (DDP sums what was accumulated)
                 sync = contextlib.nullcontext() if j == len(parts) - 1 else accelerator.no_sync(policy)
                 with sync:
-                    logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+                    logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"],
+                                          prefix=b.get("prefix"))
                     loss_tok, clipped, kl = token_losses(logp, old, ref, adv, args.clip_eps, args.kl_coef, ent,
                                                          args.entropy_coeff, args.clip_ratio_c)
                     if aux is not None:
                         aux_tok, aux_m = aux(raw, h, b, adv)
                         loss_tok = loss_tok + aux_tok
-                        share = b["mask"].sum().item() / max(n_local, 1)  # token-weighted mean over micro-batches
+                        weight = b["mask"].sum().item() / max(n_local, 1)  # token-weighted mean over micro-batches
                         for k, v in aux_m.items():
-                            extra[k] = extra.get(k, 0.0) + share * v
+                            extra[k] = extra.get(k, 0.0) + weight * v
                     m = b["mask"]
                     loss = (loss_tok * m).sum() / max(n_global, 1) * accelerator.num_processes
                     accelerator.backward(loss)
@@ -246,6 +247,9 @@ class Args:
     minibatches: int = 2
     micro_batch: int = 16
     """samples per forward/backward inside a minibatch (gradients accumulate; the step does not change)"""
+    share_prefix: bool = True
+    """run each distinct prompt of a micro-batch once and its responses on its cached keys/values, in every pass
+    (scoring, reference, update): the same numbers, fewer tokens (01's pack_shared)"""
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     max_steps: int = 0
@@ -470,7 +474,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
             seeds = fixed_seeds(args) or rng.sample(range(args.train_pool), args.tasks)
             torch.manual_seed(args.seed * 1_000_003 + update_i * world + rank)
             trajs, samples = R.collect(raw, tok, args.env, seeds[rank::world], args.group_size, args.temperature,
-                                       args.max_steps or None, args.history_length, args.max_new_tokens)
+                                       args.max_steps or None, args.history_length, args.max_new_tokens,
+                                       share=args.share_prefix)
             t_roll = time.time() - t0
             prepare_batch(raw, tok, trajs, samples, advantage_fn, args)
             stats = update(policy, opt, accelerator, tok, samples, args, aux)

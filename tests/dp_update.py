@@ -23,15 +23,20 @@ class Tok:  # pack() only needs the pad id
 def update_args(**kw):
     """03's update() flags at their defaults (dual clip 3, entropy bonus 0.001), overridable."""
     base = dict(minibatches=1, ppo_epochs=1, clip_eps=0.2, clip_ratio_c=3.0, kl_coef=0.01, entropy_coeff=0.001,
-                max_grad_norm=1.0, micro_batch=0)
+                max_grad_norm=1.0, micro_batch=0, share_prefix=False)
     return SimpleNamespace(**dict(base, **kw))
 
 
-def batch(policy, n=8, seed=0):
+def batch(policy, n=8, seed=0, distinct=0):
+    """n samples with unequal prompt and response lengths; distinct > 0: their prompts drawn from that many, as the
+    G episodes of a task share states."""
     g = torch.Generator().manual_seed(seed)
+    pool = [torch.randint(1, 64, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(distinct)]
     samples = []
-    for i in range(n):  # unequal prompt and response lengths on purpose
+    for i in range(n):
         p = torch.randint(1, 64, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+        p = pool[i % distinct] if distinct else p
         r = torch.randint(1, 64, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
         samples.append({"prompt_ids": p, "response_ids": r, "adv": float(torch.randn(1, generator=g))})
     R.score(policy, Tok, samples)
@@ -39,7 +44,16 @@ def batch(policy, n=8, seed=0):
     return samples
 
 
+def rmsnorm_in_input_dtype(self, x):
+    """Qwen2RMSNorm.forward without its cast to float32: transformers normalises in float32 even in a float64 model,
+    which leaves ~1e-7 relative rounding wherever two exact paths sum in a different order. For a float32 model
+    this computes the same thing."""
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
 def build():
+    from transformers.models.qwen2 import modeling_qwen2
+    modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype  # float64 end to end, so tests can ask for 1e-8
     torch.manual_seed(0)
     lm = F.add_lora(F.tiny_model(64, seed=0).double(), r=4)  # float64: Adam would amplify roundoff
     with torch.no_grad():  # move away from the reference so that the KL term is not zero
@@ -52,13 +66,14 @@ def build():
 def main(out):
     from accelerate import Accelerator
     acc = Accelerator(cpu=not torch.cuda.is_available())
+    share = os.environ.get("DP_SHARE_PREFIX") == "1"  # 01's pack_shared path
     policy = build()
-    samples = batch(policy)
+    samples = batch(policy, distinct=int(os.environ.get("DP_DISTINCT", "0")))  # > 0: prompts repeat
     # plain SGD: unlike Adam it is not scale-invariant, so a wrongly scaled gradient shows
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
     policy, opt = acc.prepare(policy, opt)
     # micro_batch 3: one process splits its 8 samples 3+3+2, each of two processes its 4 as 3+1 (no_sync path)
-    args = update_args(ppo_epochs=2, micro_batch=3)
+    args = update_args(ppo_epochs=2, micro_batch=3, share_prefix=share)
     stats = G.update(policy, opt, acc, Tok, samples[acc.process_index::acc.num_processes], args)
     if acc.is_main_process:
         raw = acc.unwrap_model(policy)

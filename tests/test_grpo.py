@@ -199,11 +199,14 @@ def test_micro_batches_give_the_same_step_as_one_batch():
     assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-9) and sa["kl"] == pytest.approx(sb["kl"], rel=1e-9)
 
 
-def test_two_process_update_equals_one_process(tmp_path):
+@pytest.mark.parametrize("distinct,share", [(0, "0"), (3, "1")])
+def test_two_process_update_equals_one_process(tmp_path, distinct, share):
+    """(3, "1"): 8 samples on 3 distinct prompts; 1 process without prompt sharing vs 2 processes with it."""
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, DP_DISTINCT=str(distinct), DP_SHARE_PREFIX="0")
     script = os.path.join(ROOT, "tests", "dp_update.py")
     subprocess.run([sys.executable, script, str(one)], check=True, env=env, cwd=ROOT)
+    env["DP_SHARE_PREFIX"] = share
     for attempt in range(2):  # the gloo launcher on CPU fails to start now and then (~1 in 7 here); one retry
         port = str(29500 + (os.getpid() + 17 * attempt) % 400)
         p = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

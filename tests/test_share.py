@@ -1,0 +1,124 @@
+"""Prompt sharing (01's pack_shared) computes the same numbers as running every sample's own copy of its prompt."""
+import copy
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+F = importlib.import_module("01_formats")
+R = importlib.import_module("02_rollouts")
+G = importlib.import_module("03_grpo")
+S = importlib.import_module("05_seal")
+import dp_update  # noqa: E402
+
+TOL = dict(rtol=0, atol=1e-8)
+
+
+def shared_batch(policy, n=12, distinct=4, seed=1):
+    samples = dp_update.batch(policy, n=n, seed=seed, distinct=distinct)
+    for s in samples:
+        for k in ("old_logp", "entropy", "hidden_mean", "ref_logp"):
+            s.pop(k, None)
+    return samples
+
+
+def test_micro_batches_keep_a_prompt_together():
+    policy = dp_update.build()
+    samples = shared_batch(policy, n=20, distinct=6)
+    runs = F.micro_batches(samples, 5, share=True)
+    assert sorted(id(s) for r in runs for s in r) == sorted(id(s) for s in samples)
+    owners = [{tuple(s["prompt_ids"]) for s in r} for r in runs]
+    assert all(not (a & b) for i, a in enumerate(owners) for b in owners[i + 1:])  # no prompt in two runs
+    assert len(runs) > 1
+    b = F.pack_shared(dp_update.Tok, runs[0])
+    assert b["prefix"]["input_ids"].shape[0] == len(owners[0]) < len(runs[0]) + 1
+
+
+@pytest.mark.parametrize("size", [0, 3, 16])
+def test_shared_scoring_and_reference_equal_the_unshared_passes(size):
+    policy = dp_update.build()
+    a = shared_batch(policy)
+    b = copy.deepcopy(a)
+    R.score(policy, dp_update.Tok, a, batch_size=size, share=False)
+    R.score(policy, dp_update.Tok, b, batch_size=size, share=True)
+    G.reference_logps(policy, dp_update.Tok, a, batch_size=size, share=False)
+    G.reference_logps(policy, dp_update.Tok, b, batch_size=size, share=True)
+    for x, y in zip(a, b):
+        for k in ("old_logp", "entropy", "hidden_mean", "ref_logp"):
+            assert torch.allclose(torch.tensor(x[k]), torch.tensor(y[k]), **TOL), k
+    assert any(abs(u - v) > 1e-3 for x in a for u, v in zip(x["old_logp"], x["ref_logp"]))  # the adapter matters
+
+
+def states(policy, samples, share):
+    pk = F.pack_shared if share else F.pack
+    b = pk(dp_update.Tok, samples)
+    out = [policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"], logit_states=ls,
+                  prefix=b.get("prefix")) for ls in (False, True)]
+    return out, b["mask"]
+
+
+def test_shared_forward_gives_both_hidden_states():
+    """The states at the response tokens (SEAL, analysis) and at the positions whose logits give their log-probs."""
+    policy = dp_update.build()
+    samples = shared_batch(policy)
+    (a, ma), (b, mb) = states(policy, samples, False), states(policy, samples, True)
+    m = ma.bool()
+    assert torch.equal(ma, mb)
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            assert torch.allclose(u[m], v[m], **TOL)
+
+
+@pytest.mark.parametrize("seal", [False, True])
+def test_shared_update_gives_the_same_loss_and_gradients(seal):
+    """One update (2 minibatches, micro-batches of 3) with and without sharing: the same loss, metrics, LoRA (and
+    SEAL head) gradients and parameters after the step, in float64."""
+    results = []
+    for share in (False, True):
+        base = dp_update.build()
+        policy = S.SealPolicy(base.lm, depth=3, dropout=0.0).double() if seal else base
+        samples = shared_batch(policy, n=16, distinct=5)
+        R.score(policy, dp_update.Tok, samples, share=False)
+        G.reference_logps(policy, dp_update.Tok, samples, share=False)
+        opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
+        args = dp_update.update_args(minibatches=2, micro_batch=3, share_prefix=share)
+        aux = S.seal_loss(0.5) if seal else None
+        stats = G.update(policy, opt, Accelerator(cpu=True), dp_update.Tok, samples, args, aux)
+        named = [(k, v) for k, v in policy.named_parameters() if v.requires_grad]
+        results.append((stats, {k: v.detach().clone() for k, v in named}, {k: v.grad.clone() for k, v in named}))
+    (sa, pa, ga), (sb, pb, gb) = results
+    # dp_update.build() runs RMSNorm in float64 too, so the two summation orders agree to ~1e-15; a detached or
+    # misplaced prompt is off by O(1).
+    assert set(sa) == set(sb) and all(sa[k] == pytest.approx(sb[k], rel=0, abs=1e-8) for k in sa)
+    if seal:
+        assert "seal_bce" in sa and any("seal_head" in k for k in ga)
+    for k in pa:
+        torch.testing.assert_close(ga[k], gb[k], **TOL, msg=k)
+        torch.testing.assert_close(pa[k], pb[k], **TOL, msg=k)
+    assert sum(ga[k].abs().sum() > 0 for k in ga) > len(ga) // 2  # the gradients are not trivially zero
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefill_samples_the_same_tokens(temperature):
+    """generate() with each distinct prompt prefilled once draws the same tokens as generate's own prefill of every
+    row (same seed; float64 so that no near-tie can flip)."""
+    model, tok = F.load_base("tiny", progress=False)
+    model = copy.deepcopy(model).double().eval()
+    env = F.make_env("alfworld")
+    prompts = []
+    for seed in (3, 4, 5):
+        obs, info = env.reset(seed)
+        text = F.build_prompt("alfworld", info["task"], obs, info["admissible_actions"], [], 2)
+        prompts += [F.chat(tok, text)] * (2 + seed % 2)
+    out = []
+    for share in (False, True):
+        torch.manual_seed(7)
+        out.append(F.generate(model, tok, prompts, temperature, 24, share=share))
+    assert out[0] == out[1]
+    assert len({tuple(r) for r in out[0]}) > 1
