@@ -33,6 +33,15 @@ from items that do not fit, using only what the agent is shown (a base built on 
 A real checkpoint (`--model Qwen/Qwen2.5-1.5B-Instruct` or a local folder) goes through the same load -> (SFT) ->
 LoRA path.
 
+Prompt sharing (pack_shared, shared_prefill; on by default, --share_prefix false in 03 turns it off). The G episodes
+of a task start in the same state and often stay together, so many steps of a batch have the same prompt. Each
+distinct prompt runs through the network once; its keys/values are copied to every response that continues it and
+the responses run on top, at the positions they would have had. Exact, not an approximation: a response token
+attends to the same prompt keys/values with the same RoPE positions either way (padding is masked), and in the
+update the copies are autograd views, so the gradient through a shared prompt is the sum of its samples' gradients.
+Only the floating-point summation order differs (tests/test_share.py: equal to 1e-8 in float64). The reference runs
+every sample's own copy (it shares nothing).
+
     python 01_formats.py                      # build + mid-train the tiny base, report valid ratio / success
     python 01_formats.py --sft_steps 0 --model ./my_qwen   # evaluate a local checkpoint as it is
 """
@@ -271,7 +280,7 @@ def shared_response_hidden(lm, ids, attn, positions, prefix):
     out = body(input_ids=prefix["input_ids"], attention_mask=prefix["attention_mask"], use_cache=True)
     cache = out.past_key_values
     cache.batch_select_indices(prefix["owner"])
-    cont = body(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+    cont = body(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache,
                 use_cache=True).last_hidden_state
     first = out.last_hidden_state[prefix["owner"], prefix["last"]]  # the prompt's last state predicts y_1
     return torch.cat([first.unsqueeze(1), cont[:, :-1]], 1), cont
@@ -380,8 +389,8 @@ def env_pool(env_name, n):
 
 
 def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=None, history_length=2,
-         max_new_tokens=64, progress=False):
-    """Run len(seeds) x group_size episodes in lock step, one batched generate per env step.
+         max_new_tokens=64, progress=False, share=True):
+    """Run len(seeds) x group_size episodes in lock step, one batched generate per env step (share: generate's).
 
     Returns one trajectory (dict) per episode: seed, group (index of its task), won, and steps, each step with the
     prompt text, response ids/text, the action, validity, env reward, the raw observation the step acted on (GiGPO's
@@ -407,7 +416,7 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
             break
         prompts = [chat(tok, build_prompt(env_name, state[i][1]["task"], state[i][0], state[i][1]["admissible_actions"],
                                           state[i][2], history_length)) for i in active]
-        responses = generate(model, tok, prompts, temperature, max_new_tokens)
+        responses = generate(model, tok, prompts, temperature, max_new_tokens, share)
         still = []
         for i, prompt, resp in zip(active, prompts, responses):
             obs, info, history = state[i]

@@ -10,6 +10,8 @@ and per batch the degenerate-pattern rates of the paper:
                     response, pooled over the batch
     hallucination = share of WebShop option clicks that name something not on the current page
 
+Scoring runs length-sorted micro-batches of 16 and, by default, each distinct prompt once (01's pack_shared, exact).
+
 Deviations from the reference (verl-agent): responses are capped at --max_new_tokens 64 (verl-agent: 512), enough
 for the embedded default's one-sentence thoughts; nothing else (the prompts and the projection are 01's copies).
 
@@ -129,7 +131,7 @@ def collect(policy, tok, env_name, seeds, group_size, temperature, max_steps, hi
             progress=False, share=True):
     """play() from 01 + scoring. Returns (trajectories, flat step samples)."""
     trajs = F.play(policy.lm, tok, env_name, seeds, group_size, temperature, max_steps, history_length,
-                   max_new_tokens, progress)
+                   max_new_tokens, progress, share)
     samples = score(policy, tok, flatten(trajs, tok), share=share)
     for s in samples:  # scores go back onto the trajectories so saved records carry them
         trajs[s["traj"]]["steps"][s["step"]].update(

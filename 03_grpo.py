@@ -12,7 +12,8 @@ Low-variance KL (k3) to the reference policy pi_ref = the base model with the Lo
     l_kl = clamp( exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, -10, 10 )
 Entropy bonus and token-mean aggregation over all response tokens T of the mini-batch (across processes):
     L = (1/|T|) sum_{tokens} ( l_pg + beta l_kl - c_H H_t ),  beta = 0.01, c_H = 0.001
-The clip fraction counts the tokens where the clipped term is the one taken.
+The clip fraction counts the tokens where the clipped term is the one taken. One optimizer step per mini-batch:
+--minibatches contiguous chunks of the task-major batch, no shuffle (verl: data.split).
 
 Deviations from the reference (verl-agent), each a flag:
     --adv_level traj       one return per trajectory, R_i = sum_t (r_t - 0.1 [t invalid]), normalised over the G
@@ -22,9 +23,14 @@ Deviations from the reference (verl-agent), each a flag:
     token-mean             over all response tokens of the mini-batch, exactly, whatever the micro-batching (verl
                            takes the mean of each micro-batch and averages those: the same when micro-batches hold
                            equal token counts); this is what makes the 2-process update equal the 1-process one
+    --share_prefix true    the old log-prob, reference and update passes run each distinct prompt once (01's
+                           pack_shared) in length-sorted micro-batches of --micro_batch samples that keep a prompt's
+                           samples together: the same numbers up to summation order (false = every sample its own
+                           prompt, as verl does); it changes speed only, so it is not a deviation of the math
 
     python 03_grpo.py --env webshop --updates 200                # single process; ends with runs/.../analysis/
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
+    python 03_grpo.py --env webshop --bench_speed                # time one update, shared vs unshared prompts
     python 03_grpo.py --env webshop --eval_ckpt runs/grpo-webshop-s0/ckpt/state.pt --val_tasks 256  # evaluate
 """
 import contextlib
@@ -110,7 +116,7 @@ def token_losses(logp, old_logp, ref_logp, adv, clip_eps, kl_coef, entropy=None,
 
 
 def all_sum(accelerator, x):
-    t = torch.tensor(float(x), device=accelerator.device)
+    t = torch.tensor(float(x), dtype=torch.float64, device=accelerator.device)  # a float32 tensor would round x
     return accelerator.reduce(t, reduction="sum").item() if accelerator.num_processes > 1 else t.item()
 
 
@@ -146,8 +152,14 @@ def prepare_batch(policy, tok, trajs, samples, advantage_fn, args):
     reference_logps(policy, tok, samples, share=args.share_prefix)
 
 
+def minibatch_chunks(n, k):
+    """k contiguous index ranges over the task-major batch, sizes differing by <= 1, as verl splits it (data.split /
+    chunk, no shuffle). A chunk holds whole tasks, so the G episodes' repeated prompts stay together for pack_shared."""
+    return [list(range(n * i // k, n * (i + 1) // k)) for i in range(k)]
+
+
 def update(policy, opt, accelerator, tok, samples, args, aux=None):
-    """One PPO pass over this process's samples in `args.minibatches` chunks.
+    """One PPO pass over this process's samples in `args.minibatches` contiguous chunks (sizes differ by <= 1).
 
     Every process must hold the same number of chunks. Loss = sum over local tokens / global token count * world
     size, because DDP averages gradients over processes: the result is the exact token-mean of the global batch.
@@ -157,8 +169,7 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
     raw = accelerator.unwrap_model(policy)
     raw.train()
     stats = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "grad_norm": 0.0}
-    order = list(range(len(samples)))
-    chunks = [order[k::args.minibatches] for k in range(args.minibatches)]
+    chunks = minibatch_chunks(len(samples), args.minibatches)
     micro = getattr(args, "micro_batch", 0)  # 0 = the whole minibatch at once
     share = getattr(args, "share_prefix", False)
     for _ in range(args.ppo_epochs):
@@ -205,6 +216,114 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
                 stats[k] = stats.get(k, 0.0) + w * all_sum(accelerator, v) / accelerator.num_processes
     raw.eval()
     return stats
+
+
+# --------------------------------------------------------------------------------------------- speed benchmark
+def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
+    """One rollout batch, every phase of an update timed with prompt sharing off and on (--bench_speed).
+
+    Both paths score, reference and update the same samples (the unshared rollout's), so their numbers must agree;
+    the rollout itself is timed on each path from the same seed. Phases after the rollout run `rounds` times after a
+    warm-up and keep the fastest. Prints one JSON line and returns it as a dict.
+    """
+    import copy
+    from accelerate import Accelerator
+    torch.manual_seed(args.seed)
+    lm, tok = F.load_base(args.model)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    policy = make_policy(F.add_lora(lm, r=args.lora_r))
+    seeds = list(range(args.tasks))
+    clock = time.perf_counter
+    out, trajs = {"env": args.env, "tasks": args.tasks, "group_size": args.group_size,
+                  "threads": torch.get_num_threads()}, {}
+    for share in (False, True):
+        torch.manual_seed(args.seed)
+        t0 = clock()
+        trajs[share] = F.play(policy.lm, tok, args.env, seeds, args.group_size, args.temperature,
+                              args.max_steps or None, args.history_length, args.max_new_tokens, share=share)
+        out[f"rollout_s_{'shared' if share else 'unshared'}"] = clock() - t0
+    out["rollout_steps_unshared"] = sum(len(t["steps"]) for t in trajs[False])
+    out["rollout_steps_shared"] = sum(len(t["steps"]) for t in trajs[True])
+    trajs = trajs[False]
+    samples = R.flatten(trajs, tok)
+    prompt = sum(len(s["prompt_ids"]) for s in samples)
+    distinct = {tuple(s["prompt_ids"]) for s in samples}
+    response = sum(len(s["response_ids"]) for s in samples)
+    out.update(steps=len(samples), distinct_prompts=len(distinct), prompt_tokens=prompt,
+               distinct_prompt_tokens=sum(map(len, distinct)), response_tokens=response,
+               tokens_saved=(prompt - sum(map(len, distinct))) / (prompt + response))
+
+    def best(fn):
+        times = []
+        for _ in range(rounds):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+        return min(times)
+
+    in_update = sum(len(p) for c in minibatch_chunks(len(samples), args.minibatches)
+                    for p in {tuple(samples[i]["prompt_ids"]) for i in c})
+    out["tokens_saved_in_update"] = (prompt - in_update) / (prompt + response)  # a prompt split by chunks runs twice
+    policy.eval()  # as score() runs it (LoRA dropout off)
+    body = F.body_and_head(policy.lm)[0]
+    with torch.no_grad():
+        packed = [F.pack(tok, c, "cpu") for c in F.micro_batches(samples, 16)]
+        body(input_ids=packed[0]["input_ids"], attention_mask=packed[0]["attention_mask"])  # warm-up
+        out["plain_forward_s"] = best(lambda: [body(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+                                               for b in packed])
+    scored = {}
+    for share in (False, True):
+        name = "shared" if share else "unshared"
+        R.score(policy, tok, copy.deepcopy(samples[:16]), share=share)  # warm-up
+        scored[share] = copy.deepcopy(samples)
+        out[f"score_s_{name}"] = best(lambda: R.score(policy, tok, scored[share], share=share))
+        out[f"reference_s_{name}"] = best(lambda: reference_logps(policy, tok, scored[share], share=share))
+    diff = lambda k: max(abs(a - b) for x, y in zip(scored[False], scored[True])  # noqa: E731
+                         for a, b in zip(torch.tensor(x[k]).flatten().tolist(), torch.tensor(y[k]).flatten().tolist()))
+    out["max_abs_diff_scores"] = {k: diff(k) for k in ("old_logp", "entropy", "hidden_mean", "ref_logp")}
+    for s in scored[False]:  # the scores land on the trajectories, as collect() puts them, for GiGPO and SEAL
+        trajs[s["traj"]]["steps"][s["step"]].update({k: s[k] for k in ("old_logp", "entropy", "hidden_mean")})
+    advantage_fn(trajs, args)
+    for s in scored[False]:
+        s["adv"] = trajs[s["traj"]]["steps"][s["step"]]["adv"]
+    start = copy.deepcopy(policy.state_dict())
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    stats, after = {}, {}
+    for share in (False, True):
+        name = "shared" if share else "unshared"
+        run_args = copy.copy(args)
+        run_args.share_prefix = share
+        times = []
+        for _ in range(rounds + 1):  # the first round warms up allocators and kernels
+            policy.load_state_dict(start)
+            opt = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
+            t0 = clock()
+            stats[share] = update(policy, opt, accelerator, tok, copy.deepcopy(scored[False]), run_args, aux)
+            times.append(clock() - t0)
+        out[f"update_s_{name}"] = min(times[1:])
+        after[share] = {k: v.detach().clone() for k, v in policy.named_parameters() if v.requires_grad}
+    policy.load_state_dict(start)
+    out["max_abs_diff_update"] = {k: abs(stats[False][k] - stats[True][k]) for k in stats[False]}
+    out["max_abs_diff_params"] = max((after[False][k] - after[True][k]).abs().max().item() for k in after[False])
+    tokens = prompt + response
+    for name in ("unshared", "shared"):
+        out[f"total_s_{name}"] = sum(out[f"{p}_s_{name}"] for p in ("rollout", "score", "reference", "update"))
+        for p in ("score", "reference", "update"):
+            out[f"{p}_tokens_per_s_{name}"] = tokens / out[f"{p}_s_{name}"]
+    out["plain_forward_tokens_per_s"] = tokens / out["plain_forward_s"]
+    for p in ("rollout", "score", "reference", "update", "total"):
+        out[f"speedup_{p}"] = out[f"{p}_s_unshared"] / out[f"{p}_s_shared"]
+    out["hours_150_updates_unshared"] = 150 * out["total_s_unshared"] / 3600
+    out["hours_150_updates_shared"] = 150 * out["total_s_shared"] / 3600
+    print(f"{args.env}: {len(samples)} steps, {len(distinct)} distinct prompts, {prompt} prompt tokens "
+          f"({out['distinct_prompt_tokens']} distinct), {response} response tokens: {out['tokens_saved']:.0%} of "
+          f"the tokens saved; plain forward {out['plain_forward_s']:.2f} s ({out['plain_forward_tokens_per_s']:.0f} "
+          f"tokens/s)")
+    print(f"{'phase':10} {'unshared s':>10} {'shared s':>9} {'speed-up':>8}")
+    for p in ("rollout", "score", "reference", "update", "total"):
+        print(f"{p:10} {out[p + '_s_unshared']:10.2f} {out[p + '_s_shared']:9.2f} {out['speedup_' + p]:7.2f}x")
+    print(json.dumps(out))
+    return out
 
 
 # --------------------------------------------------------------------------------------------- metrics
@@ -278,6 +397,9 @@ class Args:
     """when the run ends, write 06's plots and summary.md to out_dir/analysis and print their paths"""
     resume: bool = True
     """continue from out_dir/ckpt when it exists"""
+    bench_speed: bool = False
+    """instead of training, time every phase of one update with and without --share_prefix on the same batch,
+    check that they agree, and print the breakdown (tokens/s against a plain forward, speed-ups) and a JSON line"""
     eval_ckpt: str = ""
     """instead of training, play the validation seeds once with this checkpoint file (ckpt/state.pt or a
     state-uNNNNN.pt snapshot; 'base' = the zero adapter, i.e. the mid-trained base) and append the result to
@@ -424,6 +546,8 @@ def trim_logs(out_dir, update):
 
 def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     """The whole loop: rollout -> score -> advantages -> reference -> update -> log / validate / checkpoint."""
+    if getattr(args, "bench_speed", False):
+        return bench_speed(args, advantage_fn, make_policy, aux)
     from accelerate import Accelerator
     from tqdm import tqdm
     # cpu=True is what lets accelerate form a gloo process group when there is no GPU

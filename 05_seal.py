@@ -57,12 +57,13 @@ def seal_loss(alpha):
     """aux hook for 03's update(): per-token alpha * BCE, masked and token-meaned there together with L_RL."""
     def aux(policy, h, batch, adv):
         logits = policy.seal_head(h).squeeze(-1)
-        labels = seal_labels(adv)
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # BCE in at least float32, float64 in a float64 model
+        logits, labels = logits.to(dtype), seal_labels(adv).to(dtype)
         bce = Fn.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         m = batch["mask"]
         n = m.sum().clamp(min=1)
         with torch.no_grad():
-            acc = (((logits >= 0).to(m.dtype) == labels).to(m.dtype) * m).sum() / n
+            acc = (((logits >= 0).to(labels.dtype) == labels).to(labels.dtype) * m).sum() / n
         return alpha * bce, {"seal_bce": ((bce * m).sum() / n).item(), "seal_acc": acc.item()}
     return aux
 

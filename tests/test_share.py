@@ -122,3 +122,17 @@ def test_shared_prefill_samples_the_same_tokens(temperature):
         out.append(F.generate(model, tok, prompts, temperature, 24, share=share))
     assert out[0] == out[1]
     assert len({tuple(r) for r in out[0]}) > 1
+
+
+def test_bench_speed_times_both_paths_on_the_same_batch(capsys):
+    """--bench_speed on the shipped base: both paths score and update the same samples and agree (float32)."""
+    out = G.main(["--env", "alfworld", "--tasks", "1", "--group_size", "3", "--max_steps", "2",
+                  "--max_new_tokens", "16", "--bench_speed", "true"])
+    assert out["steps"] == out["rollout_steps_unshared"] > 0
+    assert out["distinct_prompts"] < out["steps"]  # 3 episodes of one task share at least their first prompt
+    assert 0 < out["tokens_saved"] < 1
+    assert max(out["max_abs_diff_scores"].values()) < 1e-4
+    assert abs(out["max_abs_diff_update"]["loss"]) < 1e-5
+    assert all(out[f"{p}_s_{n}"] > 0 for p in ("rollout", "score", "reference", "update") for n in ("shared",
+                                                                                                      "unshared"))
+    assert "speed-up" in capsys.readouterr().out
