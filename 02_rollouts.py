@@ -112,6 +112,15 @@ def duplication(response):
     return sum(1 for s in kept if counts[s] >= 2), len(kept)
 
 
+def flat_groups(trajs):
+    """Share of task groups whose G episodes all got the same env return (TRL's frac_reward_zero_std): their
+    episode advantages are 0, so only the -0.1 invalid penalty (and GiGPO's step term) moves them."""
+    groups = {}
+    for t in trajs:
+        groups.setdefault(t["group"], set()).add(round(sum(s["reward"] for s in t["steps"]), 6))
+    return sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
+
+
 def batch_metrics(trajs):
     steps = [s for t in trajs for s in t["steps"]]
     dup = [duplication(s["response"]) for s in steps]
@@ -119,7 +128,8 @@ def batch_metrics(trajs):
     out = F.summarize(trajs)
     out.update(duplication=sum(d for d, _ in dup) / max(sum(k for _, k in dup), 1),
                hallucination=sum(clicks) / len(clicks) if clicks else 0.0,
-               response_tokens=sum(len(s["response_ids"]) for s in steps) / max(len(steps), 1))
+               response_tokens=sum(len(s["response_ids"]) for s in steps) / max(len(steps), 1),
+               frac_reward_zero_std=flat_groups(trajs))
     if steps and "entropy" in steps[0]:
         toks = [e for s in steps for e in s["entropy"]]
         out["entropy"] = sum(toks) / max(len(toks), 1)

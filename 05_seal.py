@@ -12,15 +12,25 @@ token's advantage:
 The head is trained with the policy and its gradient flows into the backbone (no detach): that is what separates
 the representations of positive- and negative-advantage tokens. L_RL is 03's loss with 03's (or 04's) advantages.
 
+EMPG (Wang et al. 2025, arXiv 2509.09265), the entropy-aware estimator this file offers next to SEAL (--algo empg,
+on top of --empg_base grpo|gigpo advantages A_t, one per step row). With H_t = the mean token entropy of step t:
+    H~_t = (H_t - min_batch H) / (max_batch H - min_batch H + 1e-8)            (min-max over the batch's steps)
+    g_t = exp(-k H~_t) / mean_batch exp(-k H~)                                (self-calibrating gradient scale)
+    f_t = exp(-k' H~_{t+1}),  0 on a trajectory's last step                  (future-clarity bonus)
+    A'_t = g_t A_t + zeta f_t,   A_mod_t = A'_t - mean_batch A'             k = k' = 1, zeta = 0.05
+"The batch" is the global batch: under data parallelism min, max and means are all-reduced over processes.
+
 Deviations from the released code: none beyond 03's; the head is built in the model's dtype.
 
     python 05_seal.py --env webshop                                  # GRPO + SEAL
     python 05_seal.py --env alfworld --algo gigpo                    # GiGPO + SEAL (head depth 6)
     accelerate launch 05_seal.py --env webshop                       # data parallel on the available devices
     python 05_seal.py --bench_overhead                               # time SEAL's share of an update
+    python 05_seal.py --env webshop --algo empg --alpha 0            # EMPG on GRPO advantages, without SEAL
 """
 import importlib
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -68,10 +78,60 @@ def seal_loss(alpha):
     return aux
 
 
+# --------------------------------------------------------------------------------------------- EMPG
+def batch_reduce(values, op):
+    """op ('min', 'max', 'sum') of a local list of floats over the global batch (all processes when distributed)."""
+    local = {"min": min, "max": max, "sum": sum}[op](values) if values else {"min": math.inf, "max": -math.inf,
+                                                                              "sum": 0.0}[op]
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return local
+    t = torch.tensor([local], dtype=torch.float64)
+    ops = {"min": torch.distributed.ReduceOp.MIN, "max": torch.distributed.ReduceOp.MAX,
+           "sum": torch.distributed.ReduceOp.SUM}
+    torch.distributed.all_reduce(t, op=ops[op])
+    return t.item()
+
+
+def empg_modulate(trajs, k=1.0, k_next=1.0, zeta=0.05, eps=1e-8):
+    """EMPG on the advantages already on the steps ('adv'): the equations of the docstring, in place."""
+    steps = [s for t in trajs for s in t["steps"]]
+    ent = {id(s): sum(s["entropy"]) / max(len(s["entropy"]), 1) for s in steps}
+    lo, hi = batch_reduce(list(ent.values()), "min"), batch_reduce(list(ent.values()), "max")
+    norm = {i: (h - lo) / (hi - lo + eps) for i, h in ent.items()}
+    n = batch_reduce([1.0] * len(steps), "sum")
+    scale_mean = batch_reduce([math.exp(-k * norm[id(s)]) for s in steps], "sum") / n
+    for t in trajs:
+        for j, s in enumerate(t["steps"]):
+            g = math.exp(-k * norm[id(s)]) / scale_mean
+            f = math.exp(-k_next * norm[id(t["steps"][j + 1])]) if j + 1 < len(t["steps"]) else 0.0
+            s["adv"] = g * s["adv"] + zeta * f
+    mean = batch_reduce([s["adv"] for s in steps], "sum") / n
+    for s in steps:
+        s["adv"] -= mean
+    return trajs
+
+
+def empg_advantages(trajs, args=None):
+    GG.ADVANTAGES[getattr(args, "empg_base", "grpo")](trajs, args)
+    return empg_modulate(trajs, getattr(args, "empg_k", 1.0), getattr(args, "empg_k_next", 1.0),
+                         getattr(args, "empg_zeta", 0.05))
+
+
+ADVANTAGES = dict(GG.ADVANTAGES, empg=empg_advantages)
+
+
 @dataclass
 class Args(GG.Args):
     algo: str = "grpo"
-    """advantage estimator: grpo or gigpo"""
+    """advantage estimator: grpo, gigpo or empg (EMPG on top of --empg_base)"""
+    empg_base: str = "grpo"
+    """the advantages EMPG modulates: grpo or gigpo"""
+    empg_k: float = 1.0
+    """EMPG's k: gradient scale g = exp(-k H~) / batch mean"""
+    empg_k_next: float = 1.0
+    """EMPG's k': future-clarity bonus f = exp(-k' H~ of the next step)"""
+    empg_zeta: float = 0.05
+    """EMPG's zeta: weight of the future-clarity bonus"""
     alpha: float = 0.02
     """SEAL loss coefficient (0 turns SEAL off and gives the plain algorithm)"""
     seal_depth: int = 0
@@ -86,7 +146,7 @@ def head_seconds(policy, tok, samples, args, repeats=20):
     backward runs once for L_RL + alpha L_SEAL either way (the head only adds to dL/dh), so this is the increment,
     and it is small enough to time in a loop, free of the run-to-run noise of a whole update."""
     aux = seal_loss(args.alpha)
-    chunks = [list(range(len(samples)))[k::args.minibatches] for k in range(args.minibatches)]
+    chunks = G.minibatch_chunks(len(samples), args.minibatches)  # as update() splits the batch
     total = 0.0
     for idx in chunks:
         b = F.pack(tok, [samples[i] for i in idx], next(policy.parameters()).device)
@@ -115,7 +175,7 @@ def bench_overhead(args, repeats=5):
     policy = SealPolicy(F.add_lora(lm, r=args.lora_r), args.seal_depth, args.seal_dropout)
     trajs, samples = R.collect(policy, tok, args.env, list(range(args.tasks)), args.group_size, args.temperature,
                                args.max_steps or None, args.history_length, args.max_new_tokens)
-    G.prepare_batch(policy, tok, trajs, samples, GG.ADVANTAGES[args.algo], args)
+    G.prepare_batch(policy, tok, trajs, samples, ADVANTAGES[args.algo], args)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=0.0)  # lr 0: same work, no drift
     times = {"rl": [], "rl+seal": []}
     for r in range(repeats + 1):
@@ -136,14 +196,17 @@ def bench_overhead(args, repeats=5):
 
 def main(argv=None):
     args = F.parse_args(Args, argv)
-    args = GG.check_args(args, GG.ADVANTAGES, tag="+seal" if args.alpha > 0 else "")
+    if args.empg_base not in GG.ADVANTAGES:
+        raise SystemExit(f"error: --empg_base must be one of {', '.join(sorted(GG.ADVANTAGES))}, "
+                         f"got {args.empg_base!r}")
+    args = GG.check_args(args, ADVANTAGES, tag="+seal" if args.alpha > 0 else "")
     if args.seal_depth < 0:
         raise SystemExit("error: --seal_depth must be >= 1 (or 0 for the env's default)")
     args.seal_depth = args.seal_depth or SEAL_DEPTH[args.env]
     if args.bench_overhead:
         return bench_overhead(args)
     make = lambda lm: SealPolicy(lm, args.seal_depth, args.seal_dropout)  # noqa: E731
-    return G.train(args, GG.ADVANTAGES[args.algo], make_policy=make if args.alpha > 0 else R.Policy,
+    return G.train(args, ADVANTAGES[args.algo], make_policy=make if args.alpha > 0 else R.Policy,
                    aux=seal_loss(args.alpha) if args.alpha > 0 else None)
 
 

@@ -1,3 +1,4 @@
+import math
 import os
 import random
 import statistics
@@ -171,3 +172,97 @@ def test_head_seconds_times_the_head_and_leaves_no_gradients():
     t = S.head_seconds(policy, dp_update.Tok, samples, SimpleNamespace(alpha=0.02, minibatches=2), repeats=3)
     assert 0 < t < 5
     assert all(p.grad is None or not p.grad.abs().sum() for p in policy.parameters())
+
+
+# --------------------------------------------------------------------------------------------- EMPG
+def slow_empg(trajs, k=1.0, k_next=1.0, zeta=0.05):
+    """EMPG as the issue and shared/README.md state it, over a flat list of step rows with plain loops.
+    trajs carry 'adv' and token entropies on each step; returns {(traj, step): modulated advantage}."""
+    rows = []  # (traj, step, H_t, A_t)
+    for i, t in enumerate(trajs):
+        for j, s in enumerate(t["steps"]):
+            rows.append((i, j, sum(s["entropy"]) / len(s["entropy"]), s["adv"]))
+    lo = min(r[2] for r in rows)
+    hi = max(r[2] for r in rows)
+    h_norm = {(i, j): (h - lo) / (hi - lo + 1e-8) for i, j, h, _ in rows}
+    scale = {key: math.exp(-k * h) for key, h in h_norm.items()}
+    scale_mean = sum(scale.values()) / len(scale)
+    out = {}
+    for i, j, _, a in rows:
+        last = j == len(trajs[i]["steps"]) - 1
+        f = 0.0 if last else math.exp(-k_next * h_norm[i, j + 1])
+        out[i, j] = scale[i, j] / scale_mean * a + zeta * f
+    mean = sum(out.values()) / len(out)
+    return {key: v - mean for key, v in out.items()}
+
+
+def empg_batch(seed):
+    rng = random.Random(seed)
+    trajs = []
+    for g in range(3):
+        for _ in range(3):
+            n = rng.randint(1, 5)  # unequal lengths, one-step trajectories included
+            trajs.append({"group": g, "steps": [
+                dict(step(rng.choice("abc"), 10.0 * (m == n - 1 and rng.random() < 0.4), rng.random() > 0.2),
+                     entropy=[rng.random() for _ in range(rng.randint(1, 6))]) for m in range(n)]})
+    return trajs
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("base", ["grpo", "gigpo"])
+@pytest.mark.parametrize("k,k_next,zeta", [(1.0, 1.0, 0.05), (2.0, 0.5, 0.3)])
+def test_empg_matches_slow_reference(seed, base, k, k_next, zeta):
+    args = SimpleNamespace(empg_base=base, empg_k=k, empg_k_next=k_next, empg_zeta=zeta, gamma=0.95, omega=1.0)
+    got = S.empg_advantages(empg_batch(seed), args)
+    want = slow_empg(S.ADVANTAGES[base](empg_batch(seed), args), k, k_next, zeta)
+    assert any(abs(want[key] - s["adv"]) > 1e-3 for key, s in  # EMPG changes the advantages
+               (((i, j), s) for i, t in enumerate(S.ADVANTAGES[base](empg_batch(seed), args)) for j, s in
+                enumerate(t["steps"])))
+    for i, t in enumerate(got):
+        for j, s in enumerate(t["steps"]):
+            assert s["adv"] == pytest.approx(want[i, j], abs=1e-9), (i, j)
+    assert sum(s["adv"] for t in got for s in t["steps"]) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_empg_equal_entropies_only_shift_by_the_bonus():
+    # every H_t equal: H~ = 0, g = 1, f = 1 except on last steps; so A_mod = A + zeta f - mean
+    trajs = empg_batch(0)
+    for t in trajs:
+        for s in t["steps"]:
+            s["entropy"] = [0.3, 0.3]
+    before = [s["adv"] for t in S.ADVANTAGES["grpo"](empg_batch(0), None) for s in t["steps"]]
+    after = S.empg_advantages(trajs, SimpleNamespace(empg_base="grpo"))
+    bonus = [0.05 * (j < len(t["steps"]) - 1) for t in after for j in range(len(t["steps"]))]
+    shift = sum(b + a for b, a in zip(bonus, before)) / len(before)
+    assert [s["adv"] for t in after for s in t["steps"]] == pytest.approx([a + b - shift for a, b in
+                                                                          zip(before, bonus)], abs=1e-12)
+
+
+def _empg_rank(rank, trajs, port, out):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mine = [t for i, t in enumerate(trajs) if t["group"] % 2 == rank]  # whole task groups per process, as 03 splits
+    S.empg_advantages(mine, SimpleNamespace(empg_base="gigpo", gamma=0.95, omega=1.0))
+    out.put([(t["key"], [s["adv"] for s in t["steps"]]) for t in mine])
+    dist.destroy_process_group()
+
+
+def test_empg_under_two_processes_equals_one_process():
+    import torch.multiprocessing as mp
+    trajs = empg_batch(7)
+    for i, t in enumerate(trajs):
+        t["key"] = i
+    want = S.empg_advantages(empg_batch(7), SimpleNamespace(empg_base="gigpo", gamma=0.95, omega=1.0))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = 29600 + os.getpid() % 300
+    procs = [ctx.Process(target=_empg_rank, args=(r, trajs, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) + out.get(timeout=120))
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(got) == list(range(len(trajs)))
+    for i, t in enumerate(want):
+        assert got[i] == pytest.approx([s["adv"] for s in t["steps"]], abs=1e-9)

@@ -43,7 +43,7 @@ def test_rollout_records(small_base, tmp_path):
 
 
 @pytest.mark.parametrize("script,env,extra", [("03_grpo", "webshop", []), ("04_gigpo", "alfworld", []),
-                                              ("05_seal", "webshop", ["--algo", "gigpo"])])
+                                              ("05_seal", "webshop", ["--algo", "empg", "--empg_base", "gigpo"])])
 def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra):
     mod = {"03_grpo": G, "04_gigpo": GG, "05_seal": S}[script]
     mod.main(quick(small_base, tmp_path, "--env", env, *extra))
@@ -97,6 +97,7 @@ def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
     (["03_grpo.py", "--adv_level", "token"], "--adv_level must be row or traj"),
     (["04_gigpo.py", "--gigpo_mode", "std"], "--gigpo_mode must be mean_norm or mean_std_norm"),
     (["05_seal.py", "--algo", "gigpo", "--adv_level", "traj"], "--adv_level traj is a GRPO option"),
+    (["05_seal.py", "--algo", "empg", "--empg_base", "ppo"], "--empg_base must be one of"),
 ])
 def test_bad_input_is_one_line(argv, msg):
     p = subprocess.run([sys.executable, *argv, "--updates", "1"], cwd=ROOT, capture_output=True, text=True,
@@ -153,3 +154,13 @@ def test_trim_logs_cuts_back_to_the_checkpoint(tmp_path):
     assert [r["update"] for r in rows(tmp_path)] == [1, 2]
     assert sorted(os.listdir(tmp_path / "rollouts")) == ["update00001-rank0.jsonl", "update00002-rank0.jsonl"]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["state-u00001.pt", "state-u00002.pt", "state.pt"]
+
+
+def test_flat_groups_counts_groups_whose_returns_are_all_equal():
+    def traj(group, rewards):
+        return {"group": group, "steps": [{"reward": r} for r in rewards]}
+    trajs = [traj(0, [0, 10]), traj(0, [10]),          # same return 10 over different lengths: flat
+             traj(1, [0, 0]), traj(1, [0, 10]),          # 0 vs 10: carries signal
+             traj(2, [0]), traj(2, [0, 0, 0])]           # all fail: flat
+    assert R.flat_groups(trajs) == pytest.approx(2 / 3)
+    assert R.flat_groups(trajs[2:4]) == 0.0
