@@ -417,6 +417,7 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
         prompts = [chat(tok, build_prompt(env_name, state[i][1]["task"], state[i][0], state[i][1]["admissible_actions"],
                                           state[i][2], history_length)) for i in active]
         responses = generate(model, tok, prompts, temperature, max_new_tokens, share)
+        stops = set(eos_ids(tok))  # a response that ends without one hit max_new_tokens
         still = []
         for i, prompt, resp in zip(active, prompts, responses):
             obs, info, history = state[i]
@@ -425,7 +426,7 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
             next_obs, reward, done, next_info = envs[i].step(action)
             trajs[i]["steps"].append({
                 "prompt": prompt, "response_ids": resp, "response": text, "action": action, "valid": valid,
-                "reward": float(reward), "obs": obs, "done": bool(done),
+                "reward": float(reward), "obs": obs, "done": bool(done), "truncated": not resp or resp[-1] not in stops,
                 "extras": {k: next_info.get(k) for k in ("hallucinated", "option_click", "score") if k in next_info}})
             history = history + [(obs, action)]
             state[i] = (next_obs, next_info, history)

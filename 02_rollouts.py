@@ -9,6 +9,8 @@ and per batch the degenerate-pattern rates of the paper:
     duplication   = share of think sentences (>= 20 chars, case/space-normalised) that occur >= 2 times in the same
                     response, pooled over the batch
     hallucination = share of WebShop option clicks that name something not on the current page
+    frac_reward_zero_std = share of task groups whose G episode returns are all equal (no episode advantage)
+    clip_ratio_response  = share of responses that hit --max_new_tokens without an end-of-turn token
 
 Scoring runs length-sorted micro-batches of 16 and, by default, each distinct prompt once (01's pack_shared, exact).
 
@@ -129,7 +131,8 @@ def batch_metrics(trajs):
     out.update(duplication=sum(d for d, _ in dup) / max(sum(k for _, k in dup), 1),
                hallucination=sum(clicks) / len(clicks) if clicks else 0.0,
                response_tokens=sum(len(s["response_ids"]) for s in steps) / max(len(steps), 1),
-               frac_reward_zero_std=flat_groups(trajs))
+               frac_reward_zero_std=flat_groups(trajs),
+               clip_ratio_response=sum(s.get("truncated", False) for s in steps) / max(len(steps), 1))
     if steps and "entropy" in steps[0]:
         toks = [e for s in steps for e in s["entropy"]]
         out["entropy"] = sum(toks) / max(len(toks), 1)

@@ -28,6 +28,10 @@ Deviations from the reference (verl-agent), each a flag:
                            samples together: the same numbers up to summation order (false = every sample its own
                            prompt, as verl does); it changes speed only, so it is not a deviation of the math
 
+Logs: metrics.jsonl (one row an update), trackers through Accelerate (--report_to tensorboard|wandb|none) under the
+names TRL and verl-agent users know (TRACKER_NAMES), ckpt/state.pt every update (LoRA, SEAL head, optimizer: the
+resume point) and ckpt/adapter/ beside it, the adapter as PEFT's save_pretrained writes it.
+
     python 03_grpo.py --env webshop --updates 200                # single process; ends with runs/.../analysis/
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
     python 03_grpo.py --env webshop --bench_speed                # time one update, shared vs unshared prompts
@@ -35,6 +39,7 @@ Deviations from the reference (verl-agent), each a flag:
 """
 import contextlib
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -327,6 +332,23 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
 
 
 # --------------------------------------------------------------------------------------------- metrics
+TRACKER_NAMES = {  # metrics.jsonl key -> the name TRL / verl-agent users look for in TensorBoard or W&B
+    "entropy": "entropy", "kl": "kl", "pg_clipfrac": "clip_ratio", "grad_norm": "grad_norm", "loss": "loss",
+    "response_tokens": "completions/mean_length", "clip_ratio_response": "completions/clipped_ratio",
+    "frac_reward_zero_std": "frac_reward_zero_std", "reward": "reward", "success": "episode/success_rate",
+    "valid_ratio": "episode/valid_action_ratio", "mean_steps": "episode/length", "val_success": "val/success_rate",
+    "val_valid_ratio": "val/valid_action_ratio", "duplication": "degenerate/duplication",
+    "hallucination": "degenerate/hallucination", "logp_correct": "logp/correct", "logp_wrong": "logp/wrong",
+    "logp_valid": "logp/valid", "seal_bce": "seal/bce", "seal_acc": "seal/head_accuracy",
+}
+
+
+def tracker_names(m):
+    """The numbers of one metrics.jsonl row under the trackers' names (unlisted keys go to timing/ as they are)."""
+    return {TRACKER_NAMES.get(k, f"timing/{k}" if "seconds" in k else k): v for k, v in m.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def logp_by_outcome(trajs):
     """Mean token log-prob (old policy) of steps in correct / wrong trajectories and of valid steps."""
     def mean(xs):
@@ -397,12 +419,15 @@ class Args:
     """when the run ends, write 06's plots and summary.md to out_dir/analysis and print their paths"""
     resume: bool = True
     """continue from out_dir/ckpt when it exists"""
+    report_to: str = "tensorboard"
+    """trackers, through Accelerate: tensorboard (out_dir/tb), wandb or none; metrics.jsonl is written either way"""
     bench_speed: bool = False
     """instead of training, time every phase of one update with and without --share_prefix on the same batch,
     check that they agree, and print the breakdown (tokens/s against a plain forward, speed-ups) and a JSON line"""
     eval_ckpt: str = ""
-    """instead of training, play the validation seeds once with this checkpoint file (ckpt/state.pt or a
-    state-uNNNNN.pt snapshot; 'base' = the zero adapter, i.e. the mid-trained base) and append the result to
+    """instead of training, play the validation seeds once with this checkpoint: ckpt/state.pt, a state-uNNNNN.pt
+    snapshot, a PEFT adapter folder (ckpt/ or ckpt/adapter, as save_pretrained writes it), or 'base' (the zero
+    adapter, i.e. the mid-trained base); append the result to
     out_dir/eval.jsonl (with per-seed wins, and a paired sign test against an earlier 'base' pass there)"""
 
 
@@ -419,6 +444,10 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit(f"error: unknown env {args.env!r}; choose from {', '.join(sorted(F.ENVS))}")
     if args.algo not in advantages:
         raise SystemExit(f"error: unknown algo {args.algo!r}; choose from {', '.join(sorted(advantages))}")
+    if args.report_to not in ("tensorboard", "wandb", "none"):
+        raise SystemExit(f"error: --report_to must be tensorboard, wandb or none, got {args.report_to!r}")
+    if args.report_to == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise SystemExit("error: --report_to wandb needs the wandb package (pip install wandb), or use tensorboard")
     if args.adv_level not in ("row", "traj"):
         raise SystemExit(f"error: --adv_level must be row or traj, got {args.adv_level!r}")
     if args.group_size < 2:
@@ -433,8 +462,10 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         args.tasks = len(fixed)
     if args.val_seed < args.train_pool:
         raise SystemExit(f"error: --val_seed {args.val_seed} lies in the train pool 0..{args.train_pool - 1}")
-    if args.eval_ckpt not in ("", "base") and not os.path.isfile(args.eval_ckpt):
+    if args.eval_ckpt not in ("", "base") and not os.path.exists(args.eval_ckpt):
         raise SystemExit(f"error: no checkpoint file {args.eval_ckpt!r}")
+    if os.path.isdir(args.eval_ckpt) and os.path.isdir(os.path.join(args.eval_ckpt, "adapter")):
+        args.eval_ckpt = os.path.join(args.eval_ckpt, "adapter")  # a run's ckpt/ folder: its PEFT export
     args.out_dir = args.out_dir or os.path.join(F.ROOT, "runs", f"{args.algo}{tag}-{args.env}-s{args.seed}")
     return args
 
@@ -471,6 +502,43 @@ def save_ckpt(accelerator, policy, opt, update, path, snapshot=False):
     os.replace(tmp, os.path.join(path, "state.pt"))  # atomic: a crash mid-save never corrupts the checkpoint
     if snapshot:  # parameters only: enough to reload the policy for analysis
         torch.save({"update": update, "params": trainable}, os.path.join(path, f"state-u{update:05d}.pt"))
+    save_adapter(raw.lm, update, os.path.join(path, "adapter"))
+
+
+def save_adapter(lm, update, folder):
+    """The LoRA adapter as PEFT saves it (adapter_config.json + adapter_model.safetensors), so that plain
+    `PeftModel.from_pretrained(base, folder)` loads it and `merge_and_unload()` works; update.json says which update.
+    state.pt stays the resume point (it also holds the optimizer and SEAL's head); this folder is its export,
+    written beside it and swapped in whole, so a kill mid-write leaves the previous export or none, never half."""
+    if not hasattr(lm, "save_pretrained") or not hasattr(lm, "peft_config"):
+        return None
+    import shutil
+    tmp, old = folder + ".tmp", folder + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    lm.save_pretrained(tmp)
+    with open(os.path.join(tmp, "update.json"), "w") as f:
+        json.dump({"update": update}, f)
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(folder):
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def load_adapter(policy, folder):
+    """--eval_ckpt on a PEFT adapter folder (ckpt/adapter, or any LoRA saved by PEFT for this base)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    file = os.path.join(folder, "adapter_model.safetensors")
+    if not os.path.isfile(file):
+        raise SystemExit(f"error: {folder} holds no adapter_model.safetensors (save it with PEFT's save_pretrained)")
+    result = set_peft_model_state_dict(policy.lm, load_file(file))
+    if getattr(result, "unexpected_keys", None):
+        raise SystemExit(f"error: adapter {folder} does not match this model ({len(result.unexpected_keys)} unknown "
+                         "tensors)")
+    meta = os.path.join(folder, "update.json")
+    return json.load(open(meta))["update"] if os.path.exists(meta) else -1
 
 
 def load_params(policy, file):
@@ -493,7 +561,12 @@ def load_ckpt(policy, opt, path):
 
 def evaluate(policy, tok, args):
     """--eval_ckpt: one validation pass with a saved adapter, so that runs and the base meet on the same seeds."""
-    update = 0 if args.eval_ckpt == "base" else load_params(policy, args.eval_ckpt)["update"]
+    if args.eval_ckpt == "base":
+        update = 0
+    elif os.path.isdir(args.eval_ckpt):
+        update = load_adapter(policy, args.eval_ckpt)
+    else:
+        update = load_params(policy, args.eval_ckpt)["update"]
     torch.manual_seed(args.seed)
     m = {"ckpt": args.eval_ckpt, "update": update, "env": args.env, "val_seed": args.val_seed,
          "val_tasks": args.val_tasks, "val_temperature": args.val_temperature,
@@ -551,7 +624,8 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     from accelerate import Accelerator
     from tqdm import tqdm
     # cpu=True is what lets accelerate form a gloo process group when there is no GPU
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.out_dir,
+                              log_with=None if args.report_to == "none" else args.report_to)
     rank, world = accelerator.process_index, accelerator.num_processes
     if args.tasks % world:
         raise SystemExit(f"error: --tasks {args.tasks} must be divisible by the number of processes ({world})")
@@ -572,18 +646,16 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
         start = load_ckpt(policy, opt, ckpt)
     policy, opt = accelerator.prepare(policy, opt)
     raw = accelerator.unwrap_model(policy)
-    writer = None
     if accelerator.is_main_process:
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, "args.json"), "w") as f:
             json.dump(asdict(args), f, indent=1)
         trim_logs(args.out_dir, start)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            # purge_step hides the events a killed run wrote after its last checkpoint
-            writer = SummaryWriter(os.path.join(args.out_dir, "tb"), purge_step=start + 1)
-        except ImportError:
-            pass
+    if args.report_to != "none":  # TensorBoard writes to out_dir/tb; purge_step hides what a killed run logged late
+        accelerator.init_trackers("tb", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float,
+                                                                                                      str, bool))},
+                                  init_kwargs={"tensorboard": {"purge_step": start + 1}})
+    if accelerator.is_main_process:
         if start:
             print(f"resuming {args.out_dir} from update {start}")
     log = open(os.path.join(args.out_dir, "metrics.jsonl"), "a") if accelerator.is_main_process else None
@@ -615,10 +687,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
             if accelerator.is_main_process:
                 log.write(json.dumps(m) + "\n")
                 log.flush()
-                if writer:
-                    for k, v in m.items():
-                        if isinstance(v, (int, float)):
-                            writer.add_scalar(k, v, update_i + 1)
+                accelerator.log(tracker_names(m), step=update_i + 1)
                 bar.set_postfix(succ=f"{m['success']:.2f}", ent=f"{m.get('entropy', 0):.2f}",
                                 val=f"{m.get('val_success', float('nan')):.2f}")
             if args.rollouts_every and (update_i + 1) % args.rollouts_every == 0:  # for 06's hidden-state plots
@@ -635,8 +704,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
             print(f"\ninterrupted: {ckpt} holds update {saved}; rerun the same command to resume")
     if log:
         log.close()
-    if writer:
-        writer.close()
+    accelerator.end_training()
     accelerator.wait_for_everyone()
     if torch.distributed.is_initialized():  # a live gloo group at interpreter exit can abort the process
         torch.distributed.destroy_process_group()

@@ -235,3 +235,30 @@ def test_sign_test_matches_enumeration():
     assert (r["gained"], r["lost"]) == (4, 1) and abs(r["p"] - slow) < 1e-12
     assert G.sign_test(b, a)["p"] == r["p"] and G.sign_test(a, a) == {"gained": 0, "lost": 0, "p": 1.0}
 
+
+
+def test_saved_adapter_reloads_with_plain_peft_and_merges(tmp_path):
+    """ckpt/adapter is what PEFT's save_pretrained writes: PeftModel.from_pretrained on a fresh base gives the same
+    log-probs as the trained policy, merge_and_unload too, and --eval_ckpt's loader puts the same weights back."""
+    from peft import PeftModel
+    torch.manual_seed(0)
+    policy = R.Policy(F.add_lora(F.tiny_model(64, seed=0), r=4))
+    with torch.no_grad():  # a trained adapter: B is no longer zero
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.05)
+    G.save_adapter(policy.lm, 7, str(tmp_path / "adapter"))
+    assert {"adapter_config.json", "adapter_model.safetensors", "update.json"} <= set(os.listdir(tmp_path / "adapter"))
+    ids = torch.randint(1, 64, (2, 10))
+    policy.eval()
+    with torch.no_grad():
+        want = policy.lm(input_ids=ids).logits.log_softmax(-1)
+        peft = PeftModel.from_pretrained(F.tiny_model(64, seed=0), str(tmp_path / "adapter")).eval()
+        assert torch.allclose(peft(input_ids=ids).logits.log_softmax(-1), want, atol=1e-5)
+        merged = peft.merge_and_unload()
+        assert not any("lora_" in n for n, _ in merged.named_parameters())
+        assert torch.allclose(merged(input_ids=ids).logits.log_softmax(-1), want, atol=1e-5)
+        fresh = R.Policy(F.add_lora(F.tiny_model(64, seed=0), r=4)).eval()
+        assert not torch.allclose(fresh.lm(input_ids=ids).logits.log_softmax(-1), want, atol=1e-3)
+        assert G.load_adapter(fresh, str(tmp_path / "adapter")) == 7
+        assert torch.allclose(fresh.lm(input_ids=ids).logits.log_softmax(-1), want, atol=1e-6)

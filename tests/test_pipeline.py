@@ -53,6 +53,14 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
             "logp_wrong", "logp_valid", "duplication", "hallucination", "val_success"}
     assert keys <= set(first[-1]), keys - set(first[-1])
     assert os.path.exists(os.path.join(tmp_path, "rollouts", "update00002-rank0.jsonl"))
+    # TensorBoard through Accelerate's tracker, under the names TRL / verl-agent users know
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(os.path.join(tmp_path, "tb"))
+    events.Reload()
+    assert {"episode/success_rate", "entropy", "clip_ratio", "frac_reward_zero_std", "completions/clipped_ratio",
+            "episode/valid_action_ratio"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("episode/success_rate")] == [1, 2]
+    assert [e.value for e in events.Scalars("episode/success_rate")] == pytest.approx([r["success"] for r in first])
     assert os.path.exists(os.path.join(tmp_path, "ckpt", "state-u00002.pt"))
     # the run ends with 06's report of its own logs
     assert {"summary.md", "entropy.png", "success.png"} <= set(os.listdir(os.path.join(tmp_path, "analysis")))
@@ -64,10 +72,12 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
     assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]
     # --eval_ckpt: a snapshot and the base meet on the same held-out seeds, through the run's own policy class
     ev = [mod.main(quick(small_base, tmp_path, "--env", env, *extra) + ["--eval_ckpt", c, "--val_seed", "200000"])
-          for c in ("base", os.path.join(tmp_path, "ckpt", "state-u00002.pt"))]
-    assert [e["update"] for e in ev] == [0, 2] and all(0 <= e["val_success"] <= 1 for e in ev)
+          for c in ("base", os.path.join(tmp_path, "ckpt", "state-u00002.pt"),
+                    os.path.join(tmp_path, "ckpt", "state.pt"), os.path.join(tmp_path, "ckpt"))]  # ckpt: PEFT export
+    assert [e["update"] for e in ev] == [0, 2, 3, 3] and all(0 <= e["val_success"] <= 1 for e in ev)
+    assert ev[2]["val_won"] == ev[3]["val_won"] and ev[2]["val_mean_steps"] == ev[3]["val_mean_steps"]
     with open(os.path.join(tmp_path, "eval.jsonl")) as f:
-        assert [json.loads(line)["val_seed"] for line in f] == [200000, 200000]
+        assert [json.loads(line)["val_seed"] for line in f] == [200000] * 4
     # per-seed wins, and the snapshot is compared task by task with the base pass before it
     assert all(len(e["val_won"]) == e["val_tasks"] and sum(e["val_won"]) / e["val_tasks"] == e["val_success"]
                for e in ev)
@@ -98,6 +108,7 @@ def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
     (["04_gigpo.py", "--gigpo_mode", "std"], "--gigpo_mode must be mean_norm or mean_std_norm"),
     (["05_seal.py", "--algo", "gigpo", "--adv_level", "traj"], "--adv_level traj is a GRPO option"),
     (["05_seal.py", "--algo", "empg", "--empg_base", "ppo"], "--empg_base must be one of"),
+    (["03_grpo.py", "--report_to", "mlflow"], "--report_to must be tensorboard, wandb or none"),
 ])
 def test_bad_input_is_one_line(argv, msg):
     p = subprocess.run([sys.executable, *argv, "--updates", "1"], cwd=ROOT, capture_output=True, text=True,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 25, step 1-2: a no-learning control and GRPO at two learning rates on WebShop, same seed (same task draws).
+# Issue 25, steps 1-2 on ALFWorld: a no-learning control, GRPO and GRPO + SEAL, one seed (same task draws).
 # Each run checkpoints every update: rerunning this script resumes where it stopped.
 set -u
 cd "$(dirname "$0")/../.."
-common="--env webshop --tasks 4 --group_size 8 --updates ${UPDATES:-60} --val_every 0 --rollouts_every 10 --snapshot_every 10 --seed 0"
-for lr in 0 3e-3 1e-2; do
-  python 03_grpo.py $common --lr $lr --out_dir runs/sweep/grpo-lr$lr-s0 || exit 1
-done
+common="--env alfworld --tasks 2 --group_size 8 --updates ${UPDATES:-40} --val_every 0 --rollouts_every 10 --snapshot_every 10 --seed 0"
+python 03_grpo.py $common --lr 0 --out_dir runs/sweep/alfworld-lr0-s0 || exit 1
+python 03_grpo.py $common --lr 3e-3 --out_dir runs/sweep/alfworld-grpo-lr3e-3-s0 || exit 1
+python 05_seal.py $common --lr 3e-3 --out_dir runs/sweep/alfworld-grpo+seal-lr3e-3-s0 || exit 1
