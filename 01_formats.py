@@ -210,15 +210,26 @@ def tiny_model(vocab_size, seed, layers=2, hidden=128):
     return Qwen2ForCausalLM(cfg)
 
 
-def load_pretrained(path):
-    """A real checkpoint or a saved base. One-line error instead of a deep traceback when it can't be found."""
+def resolve_dtype(name="auto"):
+    """--dtype: 'auto' = bfloat16 on a GPU, float32 on the CPU (where bfloat16 matmuls are slow and gain nothing)."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if name not in ("bfloat16", "float32", "float64"):
+        raise SystemExit(f"error: --dtype must be auto, bfloat16, float32 or float64, got {name!r}")
+    return getattr(torch, name)
+
+
+def load_pretrained(path, dtype=torch.float32, attn_implementation=None):
+    """A real checkpoint or a saved base. One-line error instead of a deep traceback when it can't be found.
+    attn_implementation: None = transformers' default (sdpa), or 'eager', 'flash_attention_2', ..."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     try:
         # Our own base: AutoTokenizer would see model_type qwen2 and swap in Qwen2Tokenizer's pre-tokenizer (regex
         # split + NFC), which encodes the same text into different ids than the BPE was trained and SFT'd on.
         own = os.path.exists(os.path.join(path, "base.json"))
         tok = (PreTrainedTokenizerFast if own else AutoTokenizer).from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SystemExit(f"error: cannot load model {path!r}: {first}")
@@ -683,12 +694,15 @@ def fingerprint(args, tok):
             "probe_text": probe, "probe_ids": tok(probe, add_special_tokens=False)["input_ids"]}
 
 
-def load_base(model="tiny", out_dir=Args.out_dir, progress=True):
+def load_base(model="tiny", out_dir=Args.out_dir, progress=True, dtype=torch.float32, attn_implementation=None):
     """What the RL scripts call: 'tiny' -> the cached mid-trained tiny base (built on first use); any other name is
     a folder or hub id, loaded as it is (mid-train a real model first with `python 01_formats.py --model ...`)."""
     if model == "tiny":
-        return build_base(Args(out_dir=out_dir), progress)[:2]
-    return load_pretrained(model)
+        lm, tok = build_base(Args(out_dir=out_dir), progress)[:2]
+        if attn_implementation:
+            lm.set_attn_implementation(attn_implementation)
+        return lm.to(dtype), tok
+    return load_pretrained(model, dtype, attn_implementation)
 
 
 CHATML_EXAMPLE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n{response}<|im_end|>\n"

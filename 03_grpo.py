@@ -176,7 +176,8 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
     stats = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "grad_norm": 0.0}
     chunks = minibatch_chunks(len(samples), args.minibatches)
     micro = getattr(args, "micro_batch", 0)  # 0 = the whole minibatch at once
-    share = getattr(args, "share_prefix", False)
+    # gradient checkpointing turns the key/value cache off in training mode, and the shared path needs it
+    share = getattr(args, "share_prefix", False) and not getattr(args, "gradient_checkpointing", False)
     for _ in range(args.ppo_epochs):
         for idx in chunks:
             # Micro-batches of similar length: padding a 55 x 700-token batch to its longest row cost 2.5x the time
@@ -392,6 +393,13 @@ class Args:
     """run each distinct prompt of a micro-batch once and its responses on its cached keys/values, in every pass
     (scoring, reference, update): the same numbers, fewer tokens (01's pack_shared)"""
     max_grad_norm: float = 1.0
+    dtype: str = "auto"
+    """model weights: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float32 or float64; log-softmax, losses and
+    the LoRA weights stay in float32"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (memory for time; the update then runs prompts unshared)"""
+    attn_implementation: str = ""
+    """transformers' attention kernel: '' = its default (sdpa), eager, flash_attention_2 (GPU), ..."""
     temperature: float = 1.0
     max_steps: int = 0
     """episode cap; 0 = the env's own (ALFWorld 25, WebShop 10)"""
@@ -444,6 +452,7 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit(f"error: unknown env {args.env!r}; choose from {', '.join(sorted(F.ENVS))}")
     if args.algo not in advantages:
         raise SystemExit(f"error: unknown algo {args.algo!r}; choose from {', '.join(sorted(advantages))}")
+    F.resolve_dtype(args.dtype)  # one-line error on a bad name
     if args.report_to not in ("tensorboard", "wandb", "none"):
         raise SystemExit(f"error: --report_to must be tensorboard, wandb or none, got {args.report_to!r}")
     if args.report_to == "wandb" and importlib.util.find_spec("wandb") is None:
@@ -630,11 +639,14 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     if args.tasks % world:
         raise SystemExit(f"error: --tasks {args.tasks} must be divisible by the number of processes ({world})")
     torch.manual_seed(args.seed)
+    load = dict(dtype=F.resolve_dtype(args.dtype), attn_implementation=args.attn_implementation or None)
     if accelerator.is_main_process:  # the main process builds (or finds) the cached base; the others then load it
-        lm, tok = F.load_base(args.model)
+        lm, tok = F.load_base(args.model, **load)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
-        lm, tok = F.load_base(args.model, progress=False)
+        lm, tok = F.load_base(args.model, progress=False, **load)
+    if args.gradient_checkpointing:  # recompute each block's activations in the backward pass: memory for time
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(args.seed)  # identical LoRA init on every process
     policy = make_policy(F.add_lora(lm, r=args.lora_r))
     if args.eval_ckpt:  # one pass on one process: run it with plain `python`

@@ -262,3 +262,56 @@ def test_saved_adapter_reloads_with_plain_peft_and_merges(tmp_path):
         assert not torch.allclose(fresh.lm(input_ids=ids).logits.log_softmax(-1), want, atol=1e-3)
         assert G.load_adapter(fresh, str(tmp_path / "adapter")) == 7
         assert torch.allclose(fresh.lm(input_ids=ids).logits.log_softmax(-1), want, atol=1e-6)
+
+
+def _trained_policy(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    policy = R.Policy(F.add_lora(F.tiny_model(64, seed=0), r=4))
+    with torch.no_grad():  # move the adapter away from zero so that ratio, KL and every LoRA gradient are non-trivial
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.05)
+    if dtype != torch.float32:
+        state = policy.state_dict()
+        policy = R.Policy(F.add_lora(F.tiny_model(64, seed=0).to(dtype), r=4))
+        policy.load_state_dict(state)  # the same values, base weights rounded to dtype; LoRA stays float32
+    return policy
+
+
+def _update_grads(policy, samples, **kw):
+    """One update() on a copy of the samples; returns (stats, {LoRA parameter: gradient}). lr 0: nothing moves."""
+    import copy
+    from accelerate import Accelerator
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)
+    args = dp_update.update_args(max_grad_norm=1e9, **kw)
+    stats = G.update(policy, opt, Accelerator(cpu=True), dp_update.Tok, copy.deepcopy(samples), args)
+    return stats, {n: p.grad.detach().float().clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+
+def test_bfloat16_update_stays_within_bfloat16_tolerance_of_float32():
+    policy = _trained_policy()
+    samples = dp_update.batch(policy, n=8, seed=1, distinct=3)
+    for s in samples:
+        s["old_logp"] = [x - 0.05 for x in s["old_logp"]]  # a ratio away from 1
+    want, g32 = _update_grads(policy, samples)
+    bf16 = _trained_policy(torch.bfloat16)
+    assert {p.dtype for n, p in bf16.named_parameters() if "lora_" in n} == {torch.float32}
+    got, g16 = _update_grads(bf16, samples)
+    assert got["loss"] == pytest.approx(want["loss"], rel=3e-2, abs=1e-3)
+    a, b = torch.cat([g.flatten() for g in g32.values()]), torch.cat([g.flatten() for g in g16.values()])
+    assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
+    assert (b - a).norm() / a.norm() < 0.1
+    assert not torch.equal(a, b)  # bfloat16 did run: the rounding shows
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    policy = _trained_policy()
+    samples = dp_update.batch(policy, n=8, seed=2, distinct=3)
+    want, g_plain = _update_grads(policy, samples, micro_batch=3, share_prefix=False)
+    policy.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # asked to share prompts, update() runs them unshared: checkpointing turns off the cache the shared path needs
+    got, g_ckpt = _update_grads(policy, samples, micro_batch=3, share_prefix=True, gradient_checkpointing=True)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    for n in g_plain:
+        assert torch.allclose(g_ckpt[n], g_plain[n], rtol=1e-5, atol=1e-7), n
