@@ -418,6 +418,7 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
         trajs.append({"seed": seeds[i // group_size], "group": i // group_size, "won": False, "steps": []})
         state.append((obs, info, []))
     active = list(range(n))
+    stops = set(eos_ids(tok))
     bar = range(cap)
     if progress:
         from tqdm import tqdm
@@ -428,7 +429,6 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
         prompts = [chat(tok, build_prompt(env_name, state[i][1]["task"], state[i][0], state[i][1]["admissible_actions"],
                                           state[i][2], history_length)) for i in active]
         responses = generate(model, tok, prompts, temperature, max_new_tokens, share)
-        stops = set(eos_ids(tok))  # a response that ends without one hit max_new_tokens
         still = []
         for i, prompt, resp in zip(active, prompts, responses):
             obs, info, history = state[i]
@@ -437,7 +437,8 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
             next_obs, reward, done, next_info = envs[i].step(action)
             trajs[i]["steps"].append({
                 "prompt": prompt, "response_ids": resp, "response": text, "action": action, "valid": valid,
-                "reward": float(reward), "obs": obs, "done": bool(done), "truncated": not resp or resp[-1] not in stops,
+                "reward": float(reward), "obs": obs, "done": bool(done),
+                "truncated": len(resp) >= max_new_tokens and resp[-1] not in stops,  # cut at max_new_tokens
                 "extras": {k: next_info.get(k) for k in ("hallucinated", "option_click", "score") if k in next_info}})
             history = history + [(obs, action)]
             state[i] = (next_obs, next_info, history)

@@ -208,6 +208,11 @@ def test_an_invalid_format_response_with_a_winning_action_still_wins(monkeypatch
     assert info["won"]
 
     class Tok:
+        eos_token_id = unk_token_id = None
+
+        def convert_tokens_to_ids(self, token):
+            return None
+
         def apply_chat_template(self, messages, **kw):
             return messages[0]["content"]
 
