@@ -241,12 +241,7 @@ def test_saved_adapter_reloads_with_plain_peft_and_merges(tmp_path):
     """ckpt/adapter is what PEFT's save_pretrained writes: PeftModel.from_pretrained on a fresh base gives the same
     log-probs as the trained policy, merge_and_unload too, and --eval_ckpt's loader puts the same weights back."""
     from peft import PeftModel
-    torch.manual_seed(0)
-    policy = R.Policy(F.add_lora(F.tiny_model(64, seed=0), r=4))
-    with torch.no_grad():  # a trained adapter: B is no longer zero
-        for name, p in policy.named_parameters():
-            if "lora_" in name:
-                p.normal_(0, 0.05)
+    policy = _trained_policy()  # B is no longer zero
     G.save_adapter(policy.lm, 7, str(tmp_path / "adapter"))
     assert {"adapter_config.json", "adapter_model.safetensors", "update.json"} <= set(os.listdir(tmp_path / "adapter"))
     ids = torch.randint(1, 64, (2, 10))
