@@ -78,21 +78,23 @@ def flatten(trajs, tok):
 
 
 @torch.no_grad()
-def score(policy, tok, samples, batch_size=16, share=True):
+def score(policy, tok, samples, batch_size=16, share=True, merge=True):
     """Adds old_logp, entropy (lists per token) and hidden_mean (vector) to each sample, in place.
-    Length-sorted micro-batches (far less padding than arrival order); share: each distinct prompt runs once."""
+    Length-sorted micro-batches (far less padding than arrival order); share: each distinct prompt runs once;
+    merge: on the merged LoRA weights (01's merged_lora)."""
     policy.eval()
     device = next(policy.parameters()).device
-    for chunk, b in F.batches(tok, samples, batch_size, device, share):
-        logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"],
-                              prefix=b.get("prefix"))
-        m = b["mask"]
-        hbar = (h * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
-        for j, s in enumerate(chunk):
-            n = len(s["response_ids"])
-            s["old_logp"] = logp[j, :n].tolist()
-            s["entropy"] = ent[j, :n].tolist()
-            s["hidden_mean"] = hbar[j].tolist()
+    with F.merged_lora(policy.lm, merge):
+        for chunk, b in F.batches(tok, samples, batch_size, device, share):
+            logp, ent, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"],
+                                  prefix=b.get("prefix"))
+            m = b["mask"]
+            hbar = (h * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+            for j, s in enumerate(chunk):
+                n = len(s["response_ids"])
+                s["old_logp"] = logp[j, :n].tolist()
+                s["entropy"] = ent[j, :n].tolist()
+                s["hidden_mean"] = hbar[j].tolist()
     return samples
 
 
@@ -141,11 +143,11 @@ def batch_metrics(trajs):
 
 # --------------------------------------------------------------------------------------------- collection
 def collect(policy, tok, env_name, seeds, group_size, temperature, max_steps, history_length, max_new_tokens,
-            progress=False, share=True):
+            progress=False, share=True, merge=True):
     """play() from 01 + scoring. Returns (trajectories, flat step samples)."""
     trajs = F.play(policy.lm, tok, env_name, seeds, group_size, temperature, max_steps, history_length,
-                   max_new_tokens, progress, share)
-    samples = score(policy, tok, flatten(trajs, tok), share=share)
+                   max_new_tokens, progress, share, merge=merge)
+    samples = score(policy, tok, flatten(trajs, tok), share=share, merge=merge)
     for s in samples:  # scores go back onto the trajectories so saved records carry them
         trajs[s["traj"]]["steps"][s["step"]].update(
             {k: s[k] for k in ("prompt_ids", "old_logp", "entropy", "hidden_mean")})

@@ -27,6 +27,8 @@ Deviations from the reference (verl-agent), each a flag:
                            pack_shared) in length-sorted micro-batches of --micro_batch samples that keep a prompt's
                            samples together: the same numbers up to summation order (false = every sample its own
                            prompt, as verl does); it changes speed only, so it is not a deviation of the math
+    --merge_lora true      the rollout and the old log-prob pass run on the merged weights W + s B A (01's
+                           merged_lora), the same function without the LoRA matmuls; speed only, like the above
 
 Logs: metrics.jsonl (one row an update), trackers through Accelerate (--report_to tensorboard|wandb|none) under the
 names TRL and verl-agent users know (TRACKER_NAMES), ckpt/state.pt every update (LoRA, SEAL head, optimizer: the
@@ -34,7 +36,7 @@ resume point) and ckpt/adapter/ beside it, the adapter as PEFT's save_pretrained
 
     python 03_grpo.py --env webshop --updates 200                # single process; ends with runs/.../analysis/
     accelerate launch --multi_gpu --num_processes 2 03_grpo.py   # 2-process data parallel (gloo on CPU)
-    python 03_grpo.py --env webshop --bench_speed                # time one update, shared vs unshared prompts
+    python 03_grpo.py --env webshop --bench_speed                # time one update, plain vs fast path
     python 03_grpo.py --env webshop --eval_ckpt runs/grpo-webshop-s0/ckpt/state.pt --val_tasks 256  # evaluate
 """
 import contextlib
@@ -226,10 +228,12 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
 
 # --------------------------------------------------------------------------------------------- speed benchmark
 def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
-    """One rollout batch, every phase of an update timed with prompt sharing off and on (--bench_speed).
+    """One rollout batch, every phase of an update timed on the plain path and the fast one (--bench_speed).
 
-    Both paths score, reference and update the same samples (the unshared rollout's), so their numbers must agree;
-    the rollout itself is timed on each path from the same seed. Phases after the rollout run `rounds` times after a
+    plain: every sample runs its own prompt, the LoRA matmuls run in every pass (--share_prefix false --merge_lora
+    false). fast: each distinct prompt once (01's pack_shared, shared_prefill) and the no-grad policy passes on the
+    merged weights (01's merged_lora). Both paths score, reference and update the same samples (the plain rollout's),
+    so their numbers must agree; the rollout itself is timed on each path from the same seed. Phases after the rollout run `rounds` times after a
     warm-up and keep the fastest. Prints one JSON line and returns it as a dict.
     """
     import copy
@@ -246,10 +250,11 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
         torch.manual_seed(args.seed)
         t0 = clock()
         trajs[share] = F.play(policy.lm, tok, args.env, seeds, args.group_size, args.temperature,
-                              args.max_steps or None, args.history_length, args.max_new_tokens, share=share)
-        out[f"rollout_s_{'shared' if share else 'unshared'}"] = clock() - t0
-    out["rollout_steps_unshared"] = sum(len(t["steps"]) for t in trajs[False])
-    out["rollout_steps_shared"] = sum(len(t["steps"]) for t in trajs[True])
+                              args.max_steps or None, args.history_length, args.max_new_tokens, share=share,
+                              merge=share)
+        out[f"rollout_s_{'fast' if share else 'plain'}"] = clock() - t0
+    out["rollout_steps_plain"] = sum(len(t["steps"]) for t in trajs[False])
+    out["rollout_steps_fast"] = sum(len(t["steps"]) for t in trajs[True])
     trajs = trajs[False]
     samples = R.flatten(trajs, tok)
     prompt = sum(len(s["prompt_ids"]) for s in samples)
@@ -279,10 +284,10 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
                                                for b in packed])
     scored = {}
     for share in (False, True):
-        name = "shared" if share else "unshared"
-        R.score(policy, tok, copy.deepcopy(samples[:16]), share=share)  # warm-up
+        name = "fast" if share else "plain"
+        R.score(policy, tok, copy.deepcopy(samples[:16]), share=share, merge=share)  # warm-up
         scored[share] = copy.deepcopy(samples)
-        out[f"score_s_{name}"] = best(lambda: R.score(policy, tok, scored[share], share=share))
+        out[f"score_s_{name}"] = best(lambda: R.score(policy, tok, scored[share], share=share, merge=share))
         out[f"reference_s_{name}"] = best(lambda: reference_logps(policy, tok, scored[share], share=share))
     diff = lambda k: max(abs(a - b) for x, y in zip(scored[False], scored[True])  # noqa: E731
                          for a, b in zip(torch.tensor(x[k]).flatten().tolist(), torch.tensor(y[k]).flatten().tolist()))
@@ -296,7 +301,7 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     trainable = [p for p in policy.parameters() if p.requires_grad]
     stats, after = {}, {}
     for share in (False, True):
-        name = "shared" if share else "unshared"
+        name = "fast" if share else "plain"
         run_args = copy.copy(args)
         run_args.share_prefix = share
         times = []
@@ -312,22 +317,23 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     out["max_abs_diff_update"] = {k: abs(stats[False][k] - stats[True][k]) for k in stats[False]}
     out["max_abs_diff_params"] = max((after[False][k] - after[True][k]).abs().max().item() for k in after[False])
     tokens = prompt + response
-    for name in ("unshared", "shared"):
+    for name in ("plain", "fast"):
         out[f"total_s_{name}"] = sum(out[f"{p}_s_{name}"] for p in ("rollout", "score", "reference", "update"))
         for p in ("score", "reference", "update"):
             out[f"{p}_tokens_per_s_{name}"] = tokens / out[f"{p}_s_{name}"]
     out["plain_forward_tokens_per_s"] = tokens / out["plain_forward_s"]
     for p in ("rollout", "score", "reference", "update", "total"):
-        out[f"speedup_{p}"] = out[f"{p}_s_unshared"] / out[f"{p}_s_shared"]
-    out["hours_150_updates_unshared"] = 150 * out["total_s_unshared"] / 3600
-    out["hours_150_updates_shared"] = 150 * out["total_s_shared"] / 3600
+        out[f"speedup_{p}"] = out[f"{p}_s_plain"] / out[f"{p}_s_fast"]
+    out["hours_150_updates_plain"] = 150 * out["total_s_plain"] / 3600
+    out["hours_150_updates_fast"] = 150 * out["total_s_fast"] / 3600
     print(f"{args.env}: {len(samples)} steps, {len(distinct)} distinct prompts, {prompt} prompt tokens "
           f"({out['distinct_prompt_tokens']} distinct), {response} response tokens: {out['tokens_saved']:.0%} of "
           f"the tokens saved; plain forward {out['plain_forward_s']:.2f} s ({out['plain_forward_tokens_per_s']:.0f} "
           f"tokens/s)")
-    print(f"{'phase':10} {'unshared s':>10} {'shared s':>9} {'speed-up':>8}")
+    print(f"{'phase':10} {'plain s':>8} {'fast s':>7} {'speed-up':>8} {'fast tokens/s':>13}")
     for p in ("rollout", "score", "reference", "update", "total"):
-        print(f"{p:10} {out[p + '_s_unshared']:10.2f} {out[p + '_s_shared']:9.2f} {out['speedup_' + p]:7.2f}x")
+        tps = f"{out[p + '_tokens_per_s_fast']:13.0f}" if p + "_tokens_per_s_fast" in out else ""
+        print(f"{p:10} {out[p + '_s_plain']:8.2f} {out[p + '_s_fast']:7.2f} {out['speedup_' + p]:7.2f}x {tps}")
     print(json.dumps(out))
     return out
 
@@ -392,6 +398,9 @@ class Args:
     share_prefix: bool = True
     """run each distinct prompt of a micro-batch once and its responses on its cached keys/values, in every pass
     (scoring, reference, update): the same numbers, fewer tokens (01's pack_shared)"""
+    merge_lora: bool = True
+    """sample and score old log-probs on the merged weights W + s B A (01's merged_lora; float32/64 models only): the
+    same function without the LoRA matmuls; the reference pass and the update keep the adapter separate"""
     max_grad_norm: float = 1.0
     dtype: str = "auto"
     """model weights: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float32 or float64; log-softmax, losses and
@@ -494,7 +503,7 @@ def validate(policy, tok, args, progress=False, per_seed=False):
     seeds = list(range(args.val_seed, args.val_seed + args.val_tasks))
     trajs = F.play(policy.lm, tok, args.env, seeds, 1, args.val_temperature, args.max_steps or None,
                    args.history_length, args.max_new_tokens, progress=progress,
-                   env_kw={"split": args.eval_split} if args.data else None)
+                   env_kw={"split": args.eval_split} if args.data else None, merge=args.merge_lora)
     m = F.summarize(trajs)
     out = {"val_success": m["success"], "val_valid_ratio": m["valid_ratio"], "val_mean_steps": m["mean_steps"]}
     if per_seed:  # one 0/1 per seed, in seed order, so that two policies can be compared task by task
@@ -698,7 +707,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
             torch.manual_seed(args.seed * 1_000_003 + update_i * world + rank)
             trajs, samples = R.collect(raw, tok, args.env, seeds[rank::world], args.group_size, args.temperature,
                                        args.max_steps or None, args.history_length, args.max_new_tokens,
-                                       share=args.share_prefix)
+                                       share=args.share_prefix, merge=args.merge_lora)
             t_roll = time.time() - t0
             prepare_batch(raw, tok, trajs, samples, advantage_fn, args)
             stats = update(policy, opt, accelerator, tok, samples, args, aux)

@@ -41,12 +41,13 @@ def test_micro_batches_keep_a_prompt_together():
 
 
 @pytest.mark.parametrize("size", [0, 3, 16])
-def test_shared_scoring_and_reference_equal_the_unshared_passes(size):
+@pytest.mark.parametrize("merge", [False, True])
+def test_shared_scoring_and_reference_equal_the_unshared_passes(size, merge):
     policy = dp_update.build()
     a = shared_batch(policy)
     b = copy.deepcopy(a)
-    R.score(policy, dp_update.Tok, a, batch_size=size, share=False)
-    R.score(policy, dp_update.Tok, b, batch_size=size, share=True)
+    R.score(policy, dp_update.Tok, a, batch_size=size, share=False, merge=False)
+    R.score(policy, dp_update.Tok, b, batch_size=size, share=True, merge=merge)
     G.reference_logps(policy, dp_update.Tok, a, batch_size=size, share=False)
     G.reference_logps(policy, dp_update.Tok, b, batch_size=size, share=True)
     for x, y in zip(a, b):
@@ -128,11 +129,58 @@ def test_bench_speed_times_both_paths_on_the_same_batch(capsys):
     """--bench_speed on the shipped base: both paths score and update the same samples and agree (float32)."""
     out = G.main(["--env", "alfworld", "--tasks", "1", "--group_size", "3", "--max_steps", "2",
                   "--max_new_tokens", "16", "--bench_speed", "true"])
-    assert out["steps"] == out["rollout_steps_unshared"] > 0
+    assert out["steps"] == out["rollout_steps_plain"] > 0
     assert out["distinct_prompts"] < out["steps"]  # 3 episodes of one task share at least their first prompt
     assert 0 < out["tokens_saved"] < 1
     assert max(out["max_abs_diff_scores"].values()) < 1e-4
     assert abs(out["max_abs_diff_update"]["loss"]) < 1e-5
-    assert all(out[f"{p}_s_{n}"] > 0 for p in ("rollout", "score", "reference", "update") for n in ("shared",
-                                                                                                      "unshared"))
+    assert all(out[f"{p}_s_{n}"] > 0 for p in ("rollout", "score", "reference", "update") for n in ("plain", "fast"))
     assert "speed-up" in capsys.readouterr().out
+
+
+def test_merged_lora_is_the_adapted_function_and_restores_the_base():
+    """merged_lora(): the policy on W + s B A with the adapter off gives the LoRA path's outputs; afterwards the base
+    weights are the very tensors they were, and the adapter is back on."""
+    policy = dp_update.build()
+    samples = shared_batch(policy)
+    b = F.pack(dp_update.Tok, samples)
+    before = {k: v for k, v in policy.lm.named_parameters() if "base_layer" in k}
+    data = {k: v.detach().clone() for k, v in before.items()}
+    ptr = {k: v.data_ptr() for k, v in before.items()}
+    lora = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+    with F.merged_lora(policy.lm):
+        assert any(not torch.equal(v.data, data[k]) for k, v in before.items())  # merged in
+        merged = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+    with policy.lm.disable_adapter():
+        base = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+    m = b["mask"].bool()
+    for x, y, z in zip(lora, merged, base):
+        torch.testing.assert_close(x[m], y[m], **TOL)
+        assert not torch.allclose(x[m], z[m], atol=1e-4)  # the adapter matters
+    assert all(v.data_ptr() == ptr[k] and torch.equal(v, data[k]) for k, v in before.items())  # the same tensors
+    after = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
+    assert all(torch.equal(x, y) for x, y in zip(lora, after))
+    half = copy.deepcopy(policy.lm).to(torch.bfloat16)
+    kept = [v.clone() for v in half.parameters()]
+    with F.merged_lora(half):  # half precision keeps the adapter path: the sum would round the delta away
+        assert all(torch.equal(v, w) for v, w in zip(half.parameters(), kept))
+
+
+def test_merged_rollout_samples_the_same_tokens():
+    """play() on merged weights draws the same tokens as on the LoRA path (float64, same seed)."""
+    model, tok = F.load_base("tiny", progress=False)
+    lm = F.add_lora(copy.deepcopy(model).double(), r=4).eval()
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    out = []
+    for merge in (False, True):
+        torch.manual_seed(3)
+        trajs = F.play(lm, tok, "alfworld", [1, 2], group_size=2, max_steps=3, max_new_tokens=24, merge=merge)
+        out.append([s["response_ids"] for t in trajs for s in t["steps"]])
+    assert out[0] == out[1]
+    torch.manual_seed(3)
+    with lm.disable_adapter():
+        trajs = F.play(lm, tok, "alfworld", [1, 2], group_size=2, max_steps=3, max_new_tokens=24, merge=False)
+    assert [s["response_ids"] for t in trajs for s in t["steps"]] != out[0]  # the adapter changes what is drawn
