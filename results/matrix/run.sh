@@ -16,10 +16,10 @@ run() {  # name script [flags...]
     >/dev/null 2>"runs/matrix/$name.log" || exit 1
   mkdir -p "results/matrix/$name" && cp "runs/matrix/$name/"{args.json,metrics.jsonl} "results/matrix/$name/"
 }
-for s in "${@:-0}"; do
-  run "alfworld-lr0-s$s" 03_grpo.py --seed "$s" --lr 0
+for s in "${@:-0}"; do  # the control last: seed 0's control already fixed the eruption threshold
   run "alfworld-grpo-s$s" 03_grpo.py --seed "$s"
   run "alfworld-grpo+seal-s$s" 05_seal.py --seed "$s"
   run "alfworld-gigpo-s$s" 04_gigpo.py --seed "$s"
   run "alfworld-gigpo+seal-s$s" 05_seal.py --seed "$s" --algo gigpo
+  run "alfworld-lr0-s$s" 03_grpo.py --seed "$s" --lr 0
 done
