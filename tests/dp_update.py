@@ -51,16 +51,22 @@ def rmsnorm_in_input_dtype(self, x):
     return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
+def move_adapter(model, sd=0.05):
+    """Draw every LoRA B matrix from N(0, sd), in place: a fresh adapter (B = 0) computes the base itself, so tests
+    that need the adapter to matter move it first. Returns the model."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, sd)
+    return model
+
+
 def build():
     from transformers.models.qwen2 import modeling_qwen2
     modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype  # float64 end to end, so tests can ask for 1e-8
     torch.manual_seed(0)
     lm = F.add_lora(F.tiny_model(64, seed=0).double(), r=4)  # float64: Adam would amplify roundoff
-    with torch.no_grad():  # move away from the reference so that the KL term is not zero
-        for name, p in lm.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    return R.Policy(lm)
+    return R.Policy(move_adapter(lm))  # away from the reference, so that the KL term is not zero
 
 
 def main(out):

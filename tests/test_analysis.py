@@ -221,18 +221,19 @@ def run_on_a_saved_base(tmp_path):
     return run, lm, tok
 
 
+def save_snapshot(run, policy, name):
+    """policy's trainable parameters as 03's checkpoint file run/ckpt/<name>, saved at update 50."""
+    os.makedirs(os.path.join(run, "ckpt"))
+    torch.save({"update": 50, "params": {k: v.detach() for k, v in policy.named_parameters() if v.requires_grad}},
+               os.path.join(run, "ckpt", name))
+
+
 def test_interference_mode_on_a_run(tmp_path):
     """A saved tiny base + a checkpoint + rollouts: c_j vs A_j plot, and the summary says one side is missing."""
     run, lm, tok = run_on_a_saved_base(tmp_path)
     torch.manual_seed(0)
-    policy = R.Policy(F.add_lora(lm, r=4))
-    with torch.no_grad():
-        for n, p in policy.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    os.makedirs(os.path.join(run, "ckpt"))
-    torch.save({"update": 50, "params": {k: v.detach() for k, v in policy.named_parameters() if v.requires_grad}},
-               os.path.join(run, "ckpt", "state.pt"))
+    policy = dp_update.move_adapter(R.Policy(F.add_lora(lm, r=4)))
+    save_snapshot(run, policy, "state.pt")
     out = tmp_path / "analysis"
     rep = A.main(["--runs", run, "--out_dir", str(out), "--interference", "--interference_samples", "8"])
     res = rep["logs"]["stats"]["grpo-alfworld-s0"]["interference"]
@@ -325,13 +326,8 @@ def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):
                for _, s in steps]
     R.score(policy, tok, samples)  # the zero adapter: the base's log-probs
     want = A.mean([x for (_, s), x_s in zip(steps, samples) if s["valid"] for x in x_s["old_logp"]])
-    with torch.no_grad():
-        for n, p in policy.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 3.0)
-    os.makedirs(os.path.join(run, "ckpt"))
-    torch.save({"update": 50, "params": {k: v.detach() for k, v in policy.named_parameters() if v.requires_grad}},
-               os.path.join(run, "ckpt", "state-u00050.pt"))
+    dp_update.move_adapter(policy, 3.0)
+    save_snapshot(run, policy, "state-u00050.pt")
     rep = A.main(["--runs", run, "--out_dir", str(tmp_path / "a"), "--rescore", "--rescore_samples", "100000"])
     res = rep["logs"]["stats"]["grpo-alfworld-s0"]["rescore"]
     assert [p["update"] for p in res["points"]] == [0, 50] and res["steps"] == len(steps)
