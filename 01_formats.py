@@ -260,12 +260,12 @@ def merged_lora(lm, merge=True):
     switched off: the same function (x W + s (x A^T) B^T = x (W + s B A)^T up to rounding), without the LoRA
     matmuls, which are a quarter of a forward pass on the tiny model (rank 16 next to width 128). The base weights
     are restored as the very tensors they were (no subtract-back, so no drift). Float32/64 only: in bf16 the sum
-    W + s B A would round a young adapter's small delta away, so half-precision models keep the LoRA path. Costs a
-    copy of the adapted weights while it runs; merge=False (--merge_lora false) skips it."""
-    layers = [m for m in lm.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")] \
-        if merge and hasattr(lm, "disable_adapter") else []
-    layers = [m for m in layers if m.get_base_layer().weight.dtype in (torch.float32, torch.float64)]
-    if not layers:
+    W + s B A would round a young adapter's small delta away, so a model with any half-precision LoRA layer keeps
+    the LoRA path everywhere (disable_adapter switches every layer off, so merging only some would drop the others).
+    Costs a copy of the adapted weights while it runs; merge=False (--merge_lora false) skips it."""
+    layers = [m for m in lm.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")]
+    full = all(m.get_base_layer().weight.dtype in (torch.float32, torch.float64) for m in layers)
+    if not (merge and hasattr(lm, "disable_adapter") and layers and full):
         yield lm
         return
     saved = []

@@ -233,8 +233,8 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     plain: every sample runs its own prompt, the LoRA matmuls run in every pass (--share_prefix false --merge_lora
     false). fast: each distinct prompt once (01's pack_shared, shared_prefill) and the no-grad policy passes on the
     merged weights (01's merged_lora). Both paths score, reference and update the same samples (the plain rollout's),
-    so their numbers must agree; the rollout itself is timed on each path from the same seed. Phases after the rollout run `rounds` times after a
-    warm-up and keep the fastest. Prints one JSON line and returns it as a dict.
+    so their numbers must agree; the rollout itself is timed on each path from the same seed. Phases after the
+    rollout run `rounds` times after a warm-up and keep the fastest. Prints one JSON line and returns it as a dict.
     """
     import copy
     from accelerate import Accelerator

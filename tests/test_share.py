@@ -164,6 +164,13 @@ def test_merged_lora_is_the_adapted_function_and_restores_the_base():
     kept = [v.clone() for v in half.parameters()]
     with F.merged_lora(half):  # half precision keeps the adapter path: the sum would round the delta away
         assert all(torch.equal(v, w) for v, w in zip(half.parameters(), kept))
+    mixed = copy.deepcopy(policy.lm)
+    lora = [m for m in mixed.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")]
+    lora[0].get_base_layer().to(torch.bfloat16)  # one half-precision layer: merging the rest would drop its adapter
+    kept = [v.clone() for v in mixed.parameters()]
+    with F.merged_lora(mixed):
+        assert all(torch.equal(v, w) for v, w in zip(mixed.parameters(), kept))
+        assert not any(m.disable_adapters for m in lora)
 
 
 def test_merged_rollout_samples_the_same_tokens():
