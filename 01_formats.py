@@ -263,9 +263,10 @@ def merged_lora(lm, merge=True):
     W + s B A would round a young adapter's small delta away, so a model with any half-precision LoRA layer keeps
     the LoRA path everywhere (disable_adapter switches every layer off, so merging only some would drop the others).
     Costs a copy of the adapted weights while it runs; merge=False (--merge_lora false) skips it."""
-    layers = [m for m in lm.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")]
+    peft = merge and hasattr(lm, "disable_adapter")  # a plain model (or a stand-in) has nothing to merge
+    layers = [m for m in lm.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")] if peft else []
     full = all(m.get_base_layer().weight.dtype in (torch.float32, torch.float64) for m in layers)
-    if not (merge and hasattr(lm, "disable_adapter") and layers and full):
+    if not (layers and full):
         yield lm
         return
     saved = []
