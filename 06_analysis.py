@@ -1201,8 +1201,12 @@ def experiment_runs(folder):
 
 
 def label(run):
+    """grpo, gigpo+seal, ...; a SEAL run off the released alpha (0.02) is its own algorithm, "grpo+seal alpha 0.1"."""
     a = run_args(run)
-    return "control" if a.get("lr") == 0 else a.get("algo", "?") + ("+seal" if a.get("alpha", 0) > 0 else "")
+    if a.get("lr") == 0:
+        return "control"
+    alpha = a.get("alpha", 0)
+    return a.get("algo", "?") + ("+seal" if alpha > 0 else "") + (f" alpha {alpha:g}" if alpha not in (0, 0.02) else "")
 
 
 def entropy_area(smoothed):
@@ -1246,7 +1250,8 @@ def results_table(infos, path):
               "without SEAL, paired over seeds x tasks (gained / lost, p) |", "|---|---|---|---|---|---|"]
     for algo, rs in sorted(per.items()):
         ho = [r["held_out"] for r in rs if r["held_out"] is not None]
-        base = {r["seed"]: r for r in per.get(algo.replace("+seal", ""), [])} if "+seal" in algo else {}
+        without = re.sub(r"\+seal( alpha \S+)?", "", algo)  # the same algorithm without SEAL, any alpha
+        base = {r["seed"]: r for r in per.get(without, [])} if "+seal" in algo else {}
         pairs = [(base[r["seed"]]["won"], r["won"]) for r in rs if r["seed"] in base and r["won"] and base[r["seed"]]["won"]]
         test = G.sign_test([x for a, _ in pairs for x in a], [x for _, b in pairs for x in b]) if pairs else None
         lines.append(f"| {algo} | {len(rs)} | {fmt(mean([r['eruptions'] for r in rs]))} | "

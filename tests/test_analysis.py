@@ -315,6 +315,25 @@ def test_results_regenerates_a_committed_experiment(tmp_path):
     assert {"entropy.png", "success.png", "summary.md", "table.md"} <= set(os.listdir(tmp_path))
 
 
+def test_results_table_keeps_an_alpha_sweep_apart_and_pairs_it_with_the_run_without_seal(tmp_path):
+    """SEAL at another alpha is its own row of the per-algorithm table, and its paired test is against the run
+    without SEAL on the same seed (not against the alpha-0.02 runs)."""
+    won = {"grpo": [1, 0, 0, 0, 1, 0], "grpo+seal": [1, 1, 1, 1, 1, 0], "grpo+seal alpha 0.1": [0, 0, 0, 0, 1, 0]}
+    infos = []
+    for name, algo, alpha in (("g", "grpo", 0), ("s", "grpo", 0.02), ("a", "grpo", 0.1)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "args.json").write_text(json.dumps({"algo": algo, "alpha": alpha, "lr": 2e-3, "seed": 0}))
+        w = won[A.label(str(run))]
+        (run / "eval.jsonl").write_text(json.dumps({"ckpt": "x", "val_won": w, "val_success": sum(w) / 6}) + "\n")
+        infos.append({"run": str(run), "name": name, "rows": [{"update": 1, "success": 0.5}], "eruptions": [],
+                      "phases": {"smoothed": [0.1]}, "updates": [1]})
+    assert [A.label(i["run"]) for i in infos] == ["grpo", "grpo+seal", "grpo+seal alpha 0.1"]
+    table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
+    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.833 +- n/a | 3 / 0, p=0.25 |" in table
+    assert "| grpo+seal alpha 0.1 | 1 | 0.000 | 0.000 | 0.167 +- n/a | 0 / 1, p=1 |" in table
+
+
 def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):
     """C4 measured on fixed steps: update 0 is the zero adapter, later points load the snapshots; the result is saved
     with the run and read back by a later analysis that has no checkpoints."""

@@ -5,6 +5,8 @@
 # checkpoints every update, so rerunning this script resumes; a finished run's small logs (args.json, metrics.jsonl)
 # are copied to results/matrix/<run>/ and that run is skipped from then on. Rollouts and checkpoints stay in runs/.
 # Usage: bash results/matrix/run.sh [seed ...]   (default: 0)
+#   ALPHAS="0.1 0.005" bash results/matrix/run.sh 0   SEAL's alpha sweep instead (GRPO + SEAL, runs named -a<alpha>)
+#   CONTROL=0 bash results/matrix/run.sh 2            the matrix without the seed's lr-0 control
 set -u
 cd "$(dirname "$0")/../.."
 mkdir -p runs/matrix
@@ -17,9 +19,13 @@ run() {  # name script [flags...]
   mkdir -p "results/matrix/$name" && cp "runs/matrix/$name/"{args.json,metrics.jsonl} "results/matrix/$name/"
 }
 for s in "${@:-0}"; do  # the control last: seed 0's control already fixed the eruption threshold
+  if [ -n "${ALPHAS:-}" ]; then
+    for a in $ALPHAS; do run "alfworld-grpo+seal-a$a-s$s" 05_seal.py --seed "$s" --alpha "$a"; done
+    continue
+  fi
   run "alfworld-grpo-s$s" 03_grpo.py --seed "$s"
   run "alfworld-grpo+seal-s$s" 05_seal.py --seed "$s"
   run "alfworld-gigpo-s$s" 04_gigpo.py --seed "$s"
   run "alfworld-gigpo+seal-s$s" 05_seal.py --seed "$s" --algo gigpo
-  run "alfworld-lr0-s$s" 03_grpo.py --seed "$s" --lr 0
+  [ "${CONTROL:-1}" = 0 ] || run "alfworld-lr0-s$s" 03_grpo.py --seed "$s" --lr 0
 done
