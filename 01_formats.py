@@ -50,6 +50,8 @@ weights (TRL's GRPOTrainer: merge_adapter, copy, unmerge_adapter). The update an
 
     python 01_formats.py                      # build + mid-train the tiny base, report valid ratio / success
     python 01_formats.py --sft_steps 0 --model ./my_qwen   # evaluate a local checkpoint as it is
+    python 01_formats.py --alfworld_data $ALFWORLD_DATA --webshop_data ./webshop/data   # mid-train on the real
+        benchmarks' expert demos -> base/tiny-real; then 02-05 with --model base/tiny-real --data ...
 """
 import contextlib
 import json
@@ -670,6 +672,11 @@ class Args:
     """where the mid-trained base (model + tokenizer) is saved; the project ships its build in base/tiny"""
     envs: str = "alfworld,webshop"
     """the envs whose expert demos the base is mid-trained on and evaluated in"""
+    alfworld_data: str = ""
+    """real ALFWorld data folder (holding json_2.1.1; '' = the synthetic env): demos from its train split, the
+    report on valid_seen; the base is saved as <out_dir>/<model>-real"""
+    webshop_data: str = ""
+    """real WebShop data/ folder ('' = the synthetic env): demos from its train goals, the report on test"""
     seed: int = 0
     demo_tasks: int = 300
     """expert episodes per env for the SFT data (train seeds 0..); an env with shorter episodes gets up to 2x more,
@@ -680,7 +687,8 @@ class Args:
     """envs whose demos get detours (ALFWorld's expert path is already learnable from what the agent sees)"""
     webshop_expert: str = "oracle"
     """WebShop demo expert: oracle (clicks the fitting product, which the results page does not reveal) or browse
-    (opens the hits in rank order, using only what the page shows; a base built on it won 0/32 held-out tasks)"""
+    (opens the hits in rank order, using only what the page shows; a base built on it won 0/32 held-out tasks);
+    real WebShop data has one expert, envs/webshop_data.py's"""
     sft_max_len: int = 1024
     """prompt + response tokens kept per demo (cut from the left; 1024 cuts the instruction off 28 of the 350 WebShop demos)"""
     sft_steps: int = 2500
@@ -706,13 +714,33 @@ class Args:
 
 
 def base_dir(args):
-    return os.path.join(args.out_dir, "tiny" if args.model == "tiny" else os.path.basename(args.model.rstrip("/")))
+    name = "tiny" if args.model == "tiny" else os.path.basename(args.model.rstrip("/"))
+    return os.path.join(args.out_dir, name + ("-real" if real_data(args) else ""))
+
+
+def real_data(args):
+    """{env: data folder} of the envs that mid-train on real benchmark data (--alfworld_data, --webshop_data)."""
+    return {e: getattr(args, f"{e}_data") for e in args.envs.split(",") if getattr(args, f"{e}_data", "")}
+
+
+@contextlib.contextmanager
+def real_demo_envs(args):
+    """Inside: every env of the build plays its data's train split (or the synthetic env). After: the env defaults
+    the caller had (an RL script may have configured --data before it loads the base)."""
+    saved = {e: dict(ENV_DEFAULTS.get(e, {})) for e in ENVS}
+    try:
+        for e in [e for e in args.envs.split(",") if e]:
+            use_data(e, real_data(args).get(e, ""), "train", eval_split=EVAL_SPLIT[e])
+        yield
+    finally:
+        for e, kw in saved.items():
+            configure(e, **kw)
 
 
 def demo_kw(args, env_name):
     """expert_demos() settings of one env under the build flags."""
     return {"detour": args.detour if env_name in args.detour_envs.split(",") else 0.0,
-            "expert": args.webshop_expert if env_name == "webshop" else None}
+            "expert": args.webshop_expert if env_name == "webshop" and not real_data(args).get(env_name) else None}
 
 
 def build_base(args, progress=True):
@@ -728,6 +756,11 @@ def build_base(args, progress=True):
         model, tok = load_pretrained(path)
         with open(os.path.join(path, "base.json")) as f:
             return model.eval(), tok, json.load(f)
+    with real_demo_envs(args):
+        return _build(args, path, env_names, progress)
+
+
+def _build(args, path, env_names, progress):
     t0 = time.time()
     if progress:
         print(f"building the mid-trained base in {path} (SFT on expert demos of {', '.join(env_names)}; "
@@ -819,13 +852,16 @@ def main(argv=None):
     args = parse_args(Args, argv)
     torch.manual_seed(args.seed)
     model, tok, report = build_base(args)
+    for e in [e for e in args.envs.split(",") if e]:  # the report plays the real data's held-out split where the base trained on it
+        use_data(e, real_data(args).get(e, ""), eval_split=EVAL_SPLIT[e])
     print(f"base: {base_dir(args)}  params={sum(p.numel() for p in model.parameters()):,}  "
           f"sft_loss_last={report.get('sft_loss_last')}")
     results = {}
     for e in args.envs.split(","):
         trajs = play(model, tok, e, list(range(args.eval_seed, args.eval_seed + args.eval_tasks)),
                      temperature=args.eval_temperature, history_length=args.history_length,
-                     max_new_tokens=args.max_new_tokens, progress=True)
+                     max_new_tokens=args.max_new_tokens, progress=True,
+                     env_kw={"split": EVAL_SPLIT[e]} if e in real_data(args) else None)
         results[e] = summarize(trajs)
         print(f"{e}: held-out success={results[e]['success']:.3f} valid_ratio={results[e]['valid_ratio']:.3f} "
               f"mean_steps={results[e]['mean_steps']:.1f} (T={args.eval_temperature}, {args.eval_tasks} tasks)")

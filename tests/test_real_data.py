@@ -282,3 +282,28 @@ def test_synthetic_env_after_a_script_configured_the_defaults():
         assert type(make_env("webshop")).__name__ == "WebShopEnv"
     finally:
         configure("webshop")
+
+
+def test_base_mid_trains_on_real_demos_and_leaves_the_callers_env_alone(alf_dir, shop_dir, tmp_path):
+    """01 --alfworld_data/--webshop_data: the SFT demos (and the BPE) come from the real train splits, the base is
+    saved apart from the synthetic one, and the env defaults an RL script set before loading the base come back."""
+    from conftest import load
+    F = load("01_formats")
+    args = F.Args(out_dir=str(tmp_path), alfworld_data=alf_dir, webshop_data=shop_dir, demo_tasks=2, sft_steps=1,
+                  sft_batch=2, vocab_size=400, layers=1, hidden=64)
+    try:
+        configure("webshop", data=shop_dir, split="test")  # what 03 --data does before load_base
+        _, tok, report = F.build_base(args, progress=False)
+        assert report["args"]["alfworld_data"] == alf_dir and F.base_dir(args) == str(tmp_path / "tiny-real")
+        assert os.path.exists(tmp_path / "tiny-real" / "base.json")
+        with F.real_demo_envs(args):
+            demos = {e: F.expert_demos(e, range(2), 2, **F.demo_kw(args, e)) for e in ("alfworld", "webshop")}
+        assert "Welcome to TextWorld" in demos["alfworld"][0]["prompt"]  # the real games' banner, not the synthetic
+        with F.real_demo_envs(args):  # the build's digest of its first demos is the real envs' digest
+            assert report["demo_digest"] == F.fingerprint(args, tok)["demo_digest"]
+        assert make_env("webshop").split == "test"  # the caller's configuration is back
+        assert not hasattr(make_env("alfworld"), "games")  # and alfworld is synthetic again
+    finally:
+        configure("webshop")
+    assert "Welcome to TextWorld" not in F.expert_demos("alfworld", range(2), 2)[0]["prompt"]
+    assert report["demo_digest"] != F.fingerprint(F.Args(), tok)["demo_digest"]  # the synthetic base's demos
