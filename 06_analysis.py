@@ -1219,9 +1219,9 @@ def entropy_area(smoothed):
 
 
 def held_out(run):
-    """The last --eval_ckpt pass of the run's final adapter in its eval.jsonl (None if there is none)."""
+    """The run's --eval_ckpt pass on the most held-out tasks (the last of those) in its eval.jsonl, or None."""
     evs = [r for r in G.read_jsonl(os.path.join(run, "eval.jsonl")) if r.get("ckpt") != "base" and "val_won" in r]
-    return evs[-1] if evs else None
+    return max(reversed(evs), key=lambda r: len(r["val_won"])) if evs else None
 
 
 def results_table(infos, path):
@@ -1252,14 +1252,20 @@ def results_table(infos, path):
         ho = [r["held_out"] for r in rs if r["held_out"] is not None]
         without = re.sub(r"\+seal( alpha \S+)?", "", algo)  # the same algorithm without SEAL, any alpha
         base = {r["seed"]: r for r in per.get(without, [])} if "+seal" in algo else {}
-        pairs = [(base[r["seed"]]["won"], r["won"]) for r in rs if r["seed"] in base and r["won"] and base[r["seed"]]["won"]]
+        pairs = [(base[r["seed"]]["won"], r["won"]) for r in rs  # the same held-out tasks only
+                 if r["seed"] in base and r["won"] and base[r["seed"]]["won"] and len(r["won"]) == len(base[r["seed"]]["won"])]
         test = G.sign_test([x for a, _ in pairs for x in a], [x for _, b in pairs for x in b]) if pairs else None
         lines.append(f"| {algo} | {len(rs)} | {fmt(mean([r['eruptions'] for r in rs]))} | "
                      f"{fmt(mean([r['area'] for r in rs]))} | " + (f"{fmt(mean(ho))} +- {fmt(sd(ho))}" if ho else "n/a")
                      + " | " + (f"{test['gained']} / {test['lost']}, p={test['p']:.3g}" if test else "n/a") + " |")
-    bases = [r for i in infos for r in G.read_jsonl(os.path.join(i["run"], "eval.jsonl")) if r.get("ckpt") == "base"]
+    n = max((len(r["won"]) for r in rows if r["won"]), default=0)
+    bases = [r for i in infos for r in G.read_jsonl(os.path.join(i["run"], "eval.jsonl"))
+             if r.get("ckpt") == "base" and len(r.get("val_won", [])) == n]
     if bases:  # the runs' paired passes share one base pass (results/matrix/eval.sh)
         b = bases[-1]
+        if any(r["won"] and len(r["won"]) != n for r in rows):
+            lines += ["", "Held-out passes of different sizes: " + ", ".join(
+                f"{r['run']} {len(r['won'])}" for r in rows if r["won"] and len(r["won"]) != n) + f" tasks, not {n}."]
         lines += ["", f"The base (zero adapter) on the same held-out tasks: {fmt(b['val_success'])} "
                       f"({b['val_tasks']} tasks from seed {b['val_seed']}, T {b['val_temperature']}); each run's "
                       "paired test against it is `vs_base` in its eval.jsonl."]

@@ -332,6 +332,12 @@ def test_results_table_keeps_an_alpha_sweep_apart_and_pairs_it_with_the_run_with
     table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
     assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.833 +- n/a | 3 / 0, p=0.25 |" in table
     assert "| grpo+seal alpha 0.1 | 1 | 0.000 | 0.000 | 0.167 +- n/a | 0 / 1, p=1 |" in table
+    with open(tmp_path / "s" / "eval.jsonl", "a") as f:  # a larger pass of one run is its held-out score, unpaired
+        f.write(json.dumps({"ckpt": "x", "val_won": [1] * 8 + [0] * 4, "val_success": 8 / 12}) + "\n")
+        f.write(json.dumps({"ckpt": "x", "val_won": [1] * 6, "val_success": 1.0}) + "\n")  # later, smaller
+    table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
+    assert "| s | grpo+seal | 0 | 0 | 0.000 | 0.000 | 0.500 / 0.500 | 0.667 |" in table
+    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.667 +- n/a | n/a |" in table
 
 
 def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):
