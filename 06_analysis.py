@@ -48,6 +48,9 @@ Gradient interference (Lemma 3.3 per sample) at a checkpoint, on G saved steps j
     python 06_analysis.py --runs runs/grpo-webshop-s0,runs/grpo+seal-webshop-s0    # plots + summary.md
     python 06_analysis.py --runs runs/grpo-webshop-s0 --control runs/lr0-webshop-s0   # threshold from the control
     python 06_analysis.py --runs runs/grpo-webshop-s0 --interference               # + c_j vs A_j at the checkpoint
+    python 06_analysis.py --results results/matrix   # an experiment's figures and tables from its committed logs:
+        table.md (a SEAL run at an alpha other than 0.02 is its own algorithm; a run's held-out score is its pass on
+        the most tasks), entropy-grid.png (algorithm x seed, the control in grey), summary.md and the plots above
 """
 import importlib
 import json
@@ -1186,9 +1189,10 @@ def analyse_logs(args):
             "phases": {i["name"]: {"updates": i["updates"], "labels": i["phases"]["labels"]} for i in infos}}
 
 
-def experiment_runs(folder):
+def experiment_runs(folder, all_controls=False):
     """The runs of a results/<experiment> folder: (trained runs, the control). The control is the no-learning run
-    (lr 0) of the trained runs' env with the most updates (with one control per seed, seed 0's when it is longest)."""
+    (lr 0) of the trained runs' env with the most updates (with one control per seed, seed 0's when it is longest);
+    all_controls: the list of every such run instead."""
     runs = sorted(os.path.join(folder, d) for d in os.listdir(folder)
                   if os.path.exists(os.path.join(folder, d, "metrics.jsonl")))
     if not runs:
@@ -1196,6 +1200,8 @@ def experiment_runs(folder):
     trained = [r for r in runs if run_args(r).get("lr", 1) != 0]
     envs = {run_args(r).get("env") for r in trained}
     controls = [r for r in runs if run_args(r).get("lr", 1) == 0 and run_args(r).get("env") in envs]
+    if all_controls:
+        return trained, controls
     control = max(controls, key=lambda r: (len(load_metrics(r)), -run_args(r).get("seed", 0)), default="")
     return trained, control
 
@@ -1274,6 +1280,39 @@ def results_table(infos, path):
     return path, rows
 
 
+def plot_grid(infos, controls, path):
+    """The experiment at a glance: one row per algorithm, one column per seed, every panel on the same y scale with
+    the run's eruption intervals shaded and the no-learning control's smoothed entropy (that seed's, else any) in grey."""
+    plt = pyplot()
+    algos = sorted({label(i["run"]) for i in infos}, key=lambda a: ("alpha" in a, "gigpo" in a, a))
+    seeds = sorted({run_args(i["run"]).get("seed", 0) for i in infos})
+    fig, axes = plt.subplots(len(algos), len(seeds), figsize=(3.6 * len(seeds), 2.2 * len(algos)), sharex=True,
+                             sharey=True, squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for info in infos:
+        a, seed = label(info["run"]), run_args(info["run"]).get("seed", 0)
+        ax = axes[algos.index(a), seeds.index(seed)]
+        ax.set_visible(True)
+        c = controls.get(seed) or next(iter(controls.values()), None)
+        if c:
+            ax.plot(*c, color="0.6", lw=1, ls="--", label="control (lr 0)")
+        ax.plot(info["updates"], info["entropy"], color="C0", alpha=0.3, lw=1)
+        ax.plot(info["updates"], info["phases"]["smoothed"], color="C0", label="smoothed")
+        shade(ax, info)
+        ev = held_out(info["run"])
+        ax.set_title(f"{a}, seed {seed}: {len(info['eruptions'])} eruption(s)" +
+                     (f", held-out {ev['val_success']:.3f}" if ev else ""), fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (nats)")
+    for col in axes.T:  # the lowest panel of each column carries its update axis
+        low = [ax for ax in col if ax.get_visible()][-1]
+        low.xaxis.set_tick_params(labelbottom=True)
+        low.set_xlabel("update")
+    next(ax for ax in axes.flat if ax.get_visible()).legend(fontsize=7)
+    return save(fig, path)
+
+
 def analyse_results(args):
     """--results: every figure and table of an experiment folder, from its committed logs only."""
     folder = os.path.normpath(args.results)
@@ -1286,7 +1325,12 @@ def analyse_results(args):
     logs = analyse_logs(args)
     infos = [dict(i, run=r) for i, r in zip(logs.pop("infos"), trained)]
     path, rows = results_table(infos, os.path.join(args.out_dir, "table.md"))
-    print(f"wrote {path}")
+    controls = {}
+    for r in experiment_runs(folder, all_controls=True)[1]:
+        u, e = series(load_metrics(r), "entropy")
+        controls[run_args(r).get("seed", 0)] = (u, smooth(e, args.smooth))
+    grid = plot_grid(infos, controls, os.path.join(args.out_dir, "entropy-grid.png"))
+    print(f"wrote {path} and {grid}")
     return dict(logs, table=path, rows=rows)
 
 

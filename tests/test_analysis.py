@@ -312,7 +312,7 @@ def test_results_regenerates_a_committed_experiment(tmp_path):
     for row in logs["rows"]:  # eruption counts by the control's threshold, recomputed from metrics.jsonl here
         ent = [json.loads(line)["entropy"] for line in open(os.path.join(folder, row["run"], "metrics.jsonl"))]
         assert row["eruptions"] == len(A.label_phases(ent, 5, rise_abs=logs["noise"]["threshold"])["intervals"])
-    assert {"entropy.png", "success.png", "summary.md", "table.md"} <= set(os.listdir(tmp_path))
+    assert {"entropy.png", "entropy-grid.png", "success.png", "summary.md", "table.md"} <= set(os.listdir(tmp_path))
 
 
 def test_results_table_keeps_an_alpha_sweep_apart_and_pairs_it_with_the_run_without_seal(tmp_path):
