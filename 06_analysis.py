@@ -1215,6 +1215,11 @@ def label(run):
     return a.get("algo", "?") + ("+seal" if alpha > 0 else "") + (f" alpha {alpha:g}" if alpha not in (0, 0.02) else "")
 
 
+def algo_order(algo):
+    """grpo, grpo+seal, gigpo, gigpo+seal, then the alpha sweep: each algorithm next to itself with SEAL."""
+    return "alpha" in algo, "gigpo" in algo, algo
+
+
 def entropy_area(smoothed):
     """Sum over updates of the smoothed entropy above its running minimum (nats x updates)."""
     lo, area = float("inf"), 0.0
@@ -1235,7 +1240,7 @@ def results_table(infos, path):
     each algorithm with SEAL against the same algorithm without it on the same seed (held-out tasks)."""
     rows, per = [], {}
     lrs = {run_args(i["run"]).get("lr") for i in infos}
-    for info in infos:
+    for info in sorted(infos, key=lambda i: (algo_order(label(i["run"])), run_args(i["run"]).get("seed", 0))):
         a, ev = run_args(info["run"]), held_out(info["run"])
         s, ph = info["phases"]["smoothed"], info["eruptions"]
         peak = max((s[info["updates"].index(p)] - s[info["updates"].index(b)] for b, p, _ in ph), default=0.0)
@@ -1254,7 +1259,7 @@ def results_table(infos, path):
                      f" | {fmt(r['success'][0])} / {fmt(r['success'][1])} | {fmt(r['held_out'])} |")
     lines += ["", "| algorithm | runs | eruptions per run | entropy area | held-out success mean +- sd | with vs "
               "without SEAL, paired over seeds x tasks (gained / lost, p) |", "|---|---|---|---|---|---|"]
-    for algo, rs in sorted(per.items()):
+    for algo, rs in sorted(per.items(), key=lambda kv: algo_order(kv[0])):
         ho = [r["held_out"] for r in rs if r["held_out"] is not None]
         without = re.sub(r"\+seal( alpha \S+)?", "", algo)  # the same algorithm without SEAL, any alpha
         base = {r["seed"]: r for r in per.get(without, [])} if "+seal" in algo else {}
@@ -1284,7 +1289,7 @@ def plot_grid(infos, controls, path):
     """The experiment at a glance: one row per algorithm, one column per seed, every panel on the same y scale with
     the run's eruption intervals shaded and the no-learning control's smoothed entropy (that seed's, else any) in grey."""
     plt = pyplot()
-    algos = sorted({label(i["run"]) for i in infos}, key=lambda a: ("alpha" in a, "gigpo" in a, a))
+    algos = sorted({label(i["run"]) for i in infos}, key=algo_order)
     seeds = sorted({run_args(i["run"]).get("seed", 0) for i in infos})
     fig, axes = plt.subplots(len(algos), len(seeds), figsize=(3.6 * len(seeds), 2.2 * len(algos)), sharex=True,
                              sharey=True, squeeze=False)
