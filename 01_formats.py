@@ -751,11 +751,18 @@ def build_base(args, progress=True):
             raise SystemExit(f"error: unknown env {e!r}; choose from {', '.join(sorted(ENVS))}")
     if args.webshop_expert not in ("browse", "oracle"):
         raise SystemExit(f"error: --webshop_expert must be browse or oracle, got {args.webshop_expert!r}")
+    for e in ENVS:
+        if getattr(args, f"{e}_data", "") and e not in env_names:
+            raise SystemExit(f"error: --{e}_data is set but {e} is not in --envs {args.envs!r}")
     path = base_dir(args)
     if os.path.exists(os.path.join(path, "base.json")) and not args.force:
-        model, tok = load_pretrained(path)
         with open(os.path.join(path, "base.json")) as f:
-            return model.eval(), tok, json.load(f)
+            report = json.load(f)
+        built = {k: report.get("args", {}).get(k, "") for k in ("envs", "alfworld_data", "webshop_data")}
+        if real_data(args) and built != {k: getattr(args, k) for k in built}:  # "-real" alone does not tell them apart
+            raise SystemExit(f"error: {path} was built from {built}; pass --force to rebuild it, or another --out_dir")
+        model, tok = load_pretrained(path)
+        return model.eval(), tok, report
     with real_demo_envs(args):
         return _build(args, path, env_names, progress)
 
@@ -857,7 +864,7 @@ def main(argv=None):
     print(f"base: {base_dir(args)}  params={sum(p.numel() for p in model.parameters()):,}  "
           f"sft_loss_last={report.get('sft_loss_last')}")
     results = {}
-    for e in args.envs.split(","):
+    for e in [e for e in args.envs.split(",") if e]:
         trajs = play(model, tok, e, list(range(args.eval_seed, args.eval_seed + args.eval_tasks)),
                      temperature=args.eval_temperature, history_length=args.history_length,
                      max_new_tokens=args.max_new_tokens, progress=True,

@@ -1216,8 +1216,9 @@ def label(run):
 
 
 def algo_order(algo):
-    """grpo, grpo+seal, gigpo, gigpo+seal, then the alpha sweep: each algorithm next to itself with SEAL."""
-    return "alpha" in algo, "gigpo" in algo, algo
+    """grpo, grpo+seal, gigpo, gigpo+seal, then the alpha sweep by alpha: each algorithm next to itself with SEAL."""
+    alpha = re.search(r"alpha (\S+)", algo)
+    return "alpha" in algo, "gigpo" in algo, float(alpha.group(1)) if alpha else 0.0, algo
 
 
 def entropy_area(smoothed):
@@ -1229,15 +1230,41 @@ def entropy_area(smoothed):
     return area
 
 
+PASS_KEY = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")  # 03's pairing key
+
+
+def passes(run, base=False):
+    """{task-set key: the last pass on it} of a run's eval.jsonl: its adapters' passes, or (base=True) the base's."""
+    out = {}
+    for r in G.read_jsonl(os.path.join(run, "eval.jsonl")):
+        if "val_won" in r and (r.get("ckpt") == "base") == base:
+            out[tuple(r.get(k) for k in PASS_KEY)] = r
+    return out
+
+
 def held_out(run):
-    """The run's --eval_ckpt pass on the most held-out tasks (the last of those) in its eval.jsonl, or None."""
-    evs = [r for r in G.read_jsonl(os.path.join(run, "eval.jsonl")) if r.get("ckpt") != "base" and "val_won" in r]
+    """The run's score: its last --eval_ckpt pass on the most held-out tasks (results/matrix/eval.sh scores the final
+    adapter only), or None."""
+    evs = list(passes(run).values())
     return max(reversed(evs), key=lambda r: len(r["val_won"])) if evs else None
+
+
+def paired(run_a, run_b):
+    """Both runs' passes on the largest task set they share (same seeds, temperature, split): (won_a, won_b, key)."""
+    a, b = passes(run_a), passes(run_b)
+    common = sorted(set(a) & set(b), key=lambda k: len(a[k]["val_won"]))
+    return (a[common[-1]]["val_won"], b[common[-1]]["val_won"], common[-1]) if common else None
+
+
+def algo_name(run, lrs):
+    """label(run), with the lr when the experiment sweeps it (lr tells its runs apart)."""
+    return label(run) + (f" lr {run_args(run).get('lr'):g}" if len(lrs) > 1 else "")
 
 
 def results_table(infos, path):
     """table.md of an experiment: one row per run, then per algorithm the mean over seeds and the paired tests of
-    each algorithm with SEAL against the same algorithm without it on the same seed (held-out tasks)."""
+    each algorithm with SEAL against the same algorithm without it on the same seed (on the largest held-out task set
+    both runs were scored on). Held-out cells name their number of tasks."""
     rows, per = [], {}
     lrs = {run_args(i["run"]).get("lr") for i in infos}
     for info in sorted(infos, key=lambda i: (algo_order(label(i["run"])), run_args(i["run"]).get("seed", 0))):
@@ -1245,41 +1272,44 @@ def results_table(infos, path):
         s, ph = info["phases"]["smoothed"], info["eruptions"]
         peak = max((s[info["updates"].index(p)] - s[info["updates"].index(b)] for b, p, _ in ph), default=0.0)
         _, succ = series(info["rows"], "success")
-        algo = label(info["run"]) + (f" lr {a.get('lr'):g}" if len(lrs) > 1 else "")  # a sweep: lr tells runs apart
-        r = {"run": info["name"], "algo": algo, "seed": a.get("seed"), "eruptions": len(ph),
-             "peak": peak, "area": entropy_area(s), "success": (mean(succ[:5]), mean(succ[-5:])),
-             "held_out": ev and ev["val_success"], "won": ev and ev["val_won"]}
+        r = {"run": info["name"], "path": info["run"], "algo": algo_name(info["run"], lrs), "seed": a.get("seed"),
+             "eruptions": len(ph), "peak": peak, "area": entropy_area(s), "success": (mean(succ[:5]), mean(succ[-5:])),
+             "held_out": ev and ev["val_success"], "tasks": ev and len(ev["val_won"]),
+             "key": ev and tuple(ev.get(k) for k in PASS_KEY)}
         rows.append(r)
         per.setdefault(r["algo"], []).append(r)
     sd = lambda xs: math.sqrt(sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
+    cell = lambda x, n: f"{fmt(x)} ({n})" if x is not None else "n/a"  # noqa: E731
     lines = ["| run | algorithm | seed | eruptions | largest rise (nats) | entropy area | train success first / last 5 "
-             "| held-out success |", "|---|---|---|---|---|---|---|---|"]
+             "| held-out success (tasks) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['run']} | {r['algo']} | {r['seed']} | {r['eruptions']} | {fmt(r['peak'])} | {fmt(r['area'])}"
-                     f" | {fmt(r['success'][0])} / {fmt(r['success'][1])} | {fmt(r['held_out'])} |")
-    lines += ["", "| algorithm | runs | eruptions per run | entropy area | held-out success mean +- sd | with vs "
+                     f" | {fmt(r['success'][0])} / {fmt(r['success'][1])} | {cell(r['held_out'], r['tasks'])} |")
+    lines += ["", "| algorithm | runs | eruptions per run | entropy area | held-out success mean +- sd (tasks) | with vs "
               "without SEAL, paired over seeds x tasks (gained / lost, p) |", "|---|---|---|---|---|---|"]
     for algo, rs in sorted(per.items(), key=lambda kv: algo_order(kv[0])):
-        ho = [r["held_out"] for r in rs if r["held_out"] is not None]
+        ho = [r for r in rs if r["held_out"] is not None]
         without = re.sub(r"\+seal( alpha \S+)?", "", algo)  # the same algorithm without SEAL, any alpha
         base = {r["seed"]: r for r in per.get(without, [])} if "+seal" in algo else {}
-        pairs = [(base[r["seed"]]["won"], r["won"]) for r in rs  # the same held-out tasks only
-                 if r["seed"] in base and r["won"] and base[r["seed"]]["won"] and len(r["won"]) == len(base[r["seed"]]["won"])]
-        test = G.sign_test([x for a, _ in pairs for x in a], [x for _, b in pairs for x in b]) if pairs else None
+        pairs = [p for p in (paired(base[r["seed"]]["path"], r["path"]) for r in rs if r["seed"] in base) if p]
+        test = G.sign_test([x for a, _, _ in pairs for x in a], [x for _, b, _ in pairs for x in b]) if pairs else None
+        sizes = "/".join(str(n) for n in sorted({r["tasks"] for r in ho}))
         lines.append(f"| {algo} | {len(rs)} | {fmt(mean([r['eruptions'] for r in rs]))} | "
-                     f"{fmt(mean([r['area'] for r in rs]))} | " + (f"{fmt(mean(ho))} +- {fmt(sd(ho))}" if ho else "n/a")
-                     + " | " + (f"{test['gained']} / {test['lost']}, p={test['p']:.3g}" if test else "n/a") + " |")
-    n = max((len(r["won"]) for r in rows if r["won"]), default=0)
-    bases = [r for i in infos for r in G.read_jsonl(os.path.join(i["run"], "eval.jsonl"))
-             if r.get("ckpt") == "base" and len(r.get("val_won", [])) == n]
-    if bases:  # the runs' paired passes share one base pass (results/matrix/eval.sh)
-        b = bases[-1]
-        if any(r["won"] and len(r["won"]) != n for r in rows):
-            lines += ["", "Held-out passes of different sizes: " + ", ".join(
-                f"{r['run']} {len(r['won'])}" for r in rows if r["won"] and len(r["won"]) != n) + f" tasks, not {n}."]
-        lines += ["", f"The base (zero adapter) on the same held-out tasks: {fmt(b['val_success'])} "
-                      f"({b['val_tasks']} tasks from seed {b['val_seed']}, T {b['val_temperature']}); each run's "
-                      "paired test against it is `vs_base` in its eval.jsonl."]
+                     f"{fmt(mean([r['area'] for r in rs]))} | "
+                     + (f"{fmt(mean([r['held_out'] for r in ho]))} +- {fmt(sd([r['held_out'] for r in ho]))} ({sizes})"
+                        if ho else "n/a") + " | "
+                     + (f"{test['gained']} / {test['lost']}, p={test['p']:.3g} "
+                        f"({'/'.join(sorted({str(k[2]) for _, _, k in pairs}))} tasks)" if test else "n/a") + " |")
+    keys = sorted({r["key"] for r in rows if r["key"]}, key=lambda k: k[2])
+    bases = {}
+    for i in infos:  # the runs' paired passes share one base pass per task set (results/matrix/eval.sh)
+        bases.update(passes(i["run"], base=True))
+    found = [bases[k] for k in keys if k in bases]
+    if found:
+        lines += ["", "The base (zero adapter) on the same held-out tasks: " + "; ".join(
+            f"{fmt(b['val_success'])} on {b['val_tasks']} tasks" for b in found) +
+            f" (from seed {found[0]['val_seed']}, T {found[0]['val_temperature']}); each run's paired test against "
+            "it is `vs_base` in its eval.jsonl."]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path, rows
@@ -1289,14 +1319,15 @@ def plot_grid(infos, controls, path):
     """The experiment at a glance: one row per algorithm, one column per seed, every panel on the same y scale with
     the run's eruption intervals shaded and the no-learning control's smoothed entropy (that seed's, else any) in grey."""
     plt = pyplot()
-    algos = sorted({label(i["run"]) for i in infos}, key=algo_order)
+    lrs = {run_args(i["run"]).get("lr") for i in infos}
+    algos = sorted({algo_name(i["run"], lrs) for i in infos}, key=algo_order)
     seeds = sorted({run_args(i["run"]).get("seed", 0) for i in infos})
     fig, axes = plt.subplots(len(algos), len(seeds), figsize=(3.6 * len(seeds), 2.2 * len(algos)), sharex=True,
                              sharey=True, squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
     for info in infos:
-        a, seed = label(info["run"]), run_args(info["run"]).get("seed", 0)
+        a, seed = algo_name(info["run"], lrs), run_args(info["run"]).get("seed", 0)
         ax = axes[algos.index(a), seeds.index(seed)]
         ax.set_visible(True)
         c = controls.get(seed) or next(iter(controls.values()), None)

@@ -317,27 +317,31 @@ def test_results_regenerates_a_committed_experiment(tmp_path):
 
 def test_results_table_keeps_an_alpha_sweep_apart_and_pairs_it_with_the_run_without_seal(tmp_path):
     """SEAL at another alpha is its own row of the per-algorithm table, and its paired test is against the run
-    without SEAL on the same seed (not against the alpha-0.02 runs)."""
+    without SEAL on the same seed (not against the alpha-0.02 runs), on the largest task set both were scored on."""
     won = {"grpo": [1, 0, 0, 0, 1, 0], "grpo+seal": [1, 1, 1, 1, 1, 0], "grpo+seal alpha 0.1": [0, 0, 0, 0, 1, 0]}
+    ev = lambda w: json.dumps({"ckpt": "x", "val_won": w, "val_success": sum(w) / len(w), "val_seed": 7,  # noqa: E731
+                               "val_tasks": len(w)}) + "\n"
     infos = []
     for name, algo, alpha in (("g", "grpo", 0), ("s", "grpo", 0.02), ("a", "grpo", 0.1)):
         run = tmp_path / name
         run.mkdir()
         (run / "args.json").write_text(json.dumps({"algo": algo, "alpha": alpha, "lr": 2e-3, "seed": 0}))
-        w = won[A.label(str(run))]
-        (run / "eval.jsonl").write_text(json.dumps({"ckpt": "x", "val_won": w, "val_success": sum(w) / 6}) + "\n")
+        (run / "eval.jsonl").write_text(ev(won[A.label(str(run))]))
         infos.append({"run": str(run), "name": name, "rows": [{"update": 1, "success": 0.5}], "eruptions": [],
                       "phases": {"smoothed": [0.1]}, "updates": [1]})
     assert [A.label(i["run"]) for i in infos] == ["grpo", "grpo+seal", "grpo+seal alpha 0.1"]
     table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
-    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.833 +- n/a | 3 / 0, p=0.25 |" in table
-    assert "| grpo+seal alpha 0.1 | 1 | 0.000 | 0.000 | 0.167 +- n/a | 0 / 1, p=1 |" in table
-    with open(tmp_path / "s" / "eval.jsonl", "a") as f:  # a larger pass of one run is its held-out score, unpaired
-        f.write(json.dumps({"ckpt": "x", "val_won": [1] * 8 + [0] * 4, "val_success": 8 / 12}) + "\n")
-        f.write(json.dumps({"ckpt": "x", "val_won": [1] * 6, "val_success": 1.0}) + "\n")  # later, smaller
+    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.833 +- n/a (6) | 3 / 0, p=0.25 (6 tasks) |" in table
+    assert "| grpo+seal alpha 0.1 | 1 | 0.000 | 0.000 | 0.167 +- n/a (6) | 0 / 1, p=1 (6 tasks) |" in table
+    with open(tmp_path / "s" / "eval.jsonl", "a") as f:
+        f.write(ev([1] * 8 + [0] * 4))  # a larger pass is the run's score; the partner has none, so no pair on it
+        f.write(ev([1] * 6))  # a later pass on the shared 6 tasks replaces the first one in the pair
     table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
-    assert "| s | grpo+seal | 0 | 0 | 0.000 | 0.000 | 0.500 / 0.500 | 0.667 |" in table
-    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.667 +- n/a | n/a |" in table
+    assert "| s | grpo+seal | 0 | 0 | 0.000 | 0.000 | 0.500 / 0.500 | 0.667 (12) |" in table
+    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.667 +- n/a (12) | 4 / 0, p=0.125 (6 tasks) |" in table
+    with open(tmp_path / "g" / "eval.jsonl", "a") as f:  # another seed set of the same size is not the same tasks
+        f.write(json.dumps({"ckpt": "x", "val_won": [0] * 12, "val_success": 0.0, "val_seed": 8, "val_tasks": 12}) + "\n")
+    assert "4 / 0, p=0.125 (6 tasks)" in open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
 
 
 def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):

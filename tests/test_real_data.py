@@ -302,6 +302,11 @@ def test_base_mid_trains_on_real_demos_and_leaves_the_callers_env_alone(alf_dir,
         with F.real_demo_envs(args):  # the build's digest of its first demos is the real envs' digest
             assert report["demo_digest"] == F.fingerprint(args, tok)["demo_digest"]
         assert make_env("webshop").split == "test"  # the caller's configuration is back
+        import dataclasses
+        with pytest.raises(SystemExit, match="was built from"):  # tiny-real holds another data set's base
+            F.build_base(dataclasses.replace(args, webshop_data=""), progress=False)
+        with pytest.raises(SystemExit, match="alfworld is not in --envs"):
+            F.build_base(dataclasses.replace(args, envs="webshop"), progress=False)
         assert not hasattr(make_env("alfworld"), "games")  # and alfworld is synthetic again
     finally:
         configure("webshop")

@@ -9,7 +9,9 @@ n=$1; shift
 flags="--env alfworld --val_tasks $n"
 [ -f "runs/matrix/base-eval-$n/eval.jsonl" ] || python 03_grpo.py $flags --eval_ckpt base --out_dir "runs/matrix/base-eval-$n"
 for run in "$@"; do
-  grep -q '"ckpt": "base"' "runs/matrix/$run/eval.jsonl" 2>/dev/null || cat "runs/matrix/base-eval-$n/eval.jsonl" >> "runs/matrix/$run/eval.jsonl"
+  # the base pass of this size next to the run's own, so that 03 pairs them (vs_base) and 06 finds it
+  grep '"ckpt": "base"' "runs/matrix/$run/eval.jsonl" 2>/dev/null | grep -q "\"val_tasks\": $n," ||
+    cat "runs/matrix/base-eval-$n/eval.jsonl" >> "runs/matrix/$run/eval.jsonl"
   python 03_grpo.py $flags --eval_ckpt "runs/matrix/$run/ckpt" --out_dir "runs/matrix/$run"
   cp "runs/matrix/$run/eval.jsonl" "results/matrix/$run/"
 done

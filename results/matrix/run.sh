@@ -20,7 +20,10 @@ run() {  # name script [flags...]
 }
 for s in "${@:-0}"; do  # the control last: seed 0's control already fixed the eruption threshold
   if [ -n "${ALPHAS:-}" ]; then
-    for a in $ALPHAS; do run "alfworld-grpo+seal-a$a-s$s" 05_seal.py --seed "$s" --alpha "$a"; done
+    for a in $ALPHAS; do
+      case $a in 0|0.0|0.02) echo "alpha $a: the matrix's own GRPO / GRPO + SEAL run, skipped" >&2; continue;; esac
+      run "alfworld-grpo+seal-a$a-s$s" 05_seal.py --seed "$s" --alpha "$a"
+    done
     continue
   fi
   run "alfworld-grpo-s$s" 03_grpo.py --seed "$s"
