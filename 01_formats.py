@@ -718,9 +718,14 @@ def base_dir(args):
     return os.path.join(args.out_dir, name + ("-real" if real_data(args) else ""))
 
 
+def build_envs(args):
+    """The env names of --envs (a stray comma adds none)."""
+    return [e for e in args.envs.split(",") if e]
+
+
 def real_data(args):
     """{env: data folder} of the envs that mid-train on real benchmark data (--alfworld_data, --webshop_data)."""
-    return {e: getattr(args, f"{e}_data") for e in args.envs.split(",") if getattr(args, f"{e}_data", "")}
+    return {e: getattr(args, f"{e}_data") for e in build_envs(args) if getattr(args, f"{e}_data", "")}
 
 
 @contextlib.contextmanager
@@ -729,7 +734,7 @@ def real_demo_envs(args):
     the caller had (an RL script may have configured --data before it loads the base)."""
     saved = {e: dict(ENV_DEFAULTS.get(e, {})) for e in ENVS}
     try:
-        for e in [e for e in args.envs.split(",") if e]:
+        for e in build_envs(args):
             use_data(e, real_data(args).get(e, ""), "train", eval_split=EVAL_SPLIT[e])
         yield
     finally:
@@ -745,7 +750,7 @@ def demo_kw(args, env_name):
 
 def build_base(args, progress=True):
     """Build (or load the cached) mid-trained base. Returns (model, tokenizer, report dict)."""
-    env_names = [e for e in args.envs.split(",") if e]
+    env_names = build_envs(args)
     for e in env_names:
         if e not in ENVS:
             raise SystemExit(f"error: unknown env {e!r}; choose from {', '.join(sorted(ENVS))}")
@@ -804,7 +809,7 @@ def fingerprint(args, tok):
     """What the shipped base was trained on, in a form a test can recompute from today's code: a digest of the
     first demos of every env (prompt templates, env text and expert included) and the token ids of one of them."""
     import hashlib
-    rows = [r for e in args.envs.split(",") if e
+    rows = [r for e in build_envs(args)
             for r in expert_demos(e, range(3), args.history_length, **demo_kw(args, e)).to_list()]
     probe = chat(tok, rows[-1]["prompt"]) + rows[-1]["response"]
     return {"demo_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(),
@@ -859,12 +864,12 @@ def main(argv=None):
     args = parse_args(Args, argv)
     torch.manual_seed(args.seed)
     model, tok, report = build_base(args)
-    for e in [e for e in args.envs.split(",") if e]:  # the report plays the real data's held-out split where the base trained on it
+    for e in build_envs(args):  # the report plays the real data's held-out split where the base trained on it
         use_data(e, real_data(args).get(e, ""), eval_split=EVAL_SPLIT[e])
     print(f"base: {base_dir(args)}  params={sum(p.numel() for p in model.parameters()):,}  "
           f"sft_loss_last={report.get('sft_loss_last')}")
     results = {}
-    for e in [e for e in args.envs.split(",") if e]:
+    for e in build_envs(args):
         trajs = play(model, tok, e, list(range(args.eval_seed, args.eval_seed + args.eval_tasks)),
                      temperature=args.eval_temperature, history_length=args.history_length,
                      max_new_tokens=args.max_new_tokens, progress=True,

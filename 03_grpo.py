@@ -605,9 +605,8 @@ def evaluate(policy, tok, args):
          **({"data": args.data, "split": args.eval_split, "goals": args.goals} if args.data else {}),
          **validate(policy, tok, args, progress=True, per_seed=True)}
     file = os.path.join(args.out_dir, "eval.jsonl")
-    same = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")
     base = [r for r in read_jsonl(file) if r["ckpt"] == "base" and "val_won" in r
-            and all(r.get(k) == m.get(k) for k in same)]
+            and all(r.get(k) == m.get(k) for k in EVAL_KEY)]
     if base and args.eval_ckpt != "base":  # the latest base pass on the same seeds: a paired test is far tighter
         m["vs_base"] = sign_test(base[-1]["val_won"], m["val_won"])
     print(json.dumps({k: v for k, v in m.items() if k != "val_won"}))
@@ -615,6 +614,9 @@ def evaluate(policy, tok, args):
     with open(file, "a") as f:
         f.write(json.dumps(m) + "\n")
     return m
+
+
+EVAL_KEY = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")  # passes on the same tasks
 
 
 def read_jsonl(file):

@@ -1230,15 +1230,12 @@ def entropy_area(smoothed):
     return area
 
 
-PASS_KEY = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")  # 03's pairing key
-
-
 def passes(run, base=False):
     """{task-set key: the last pass on it} of a run's eval.jsonl: its adapters' passes, or (base=True) the base's."""
     out = {}
     for r in G.read_jsonl(os.path.join(run, "eval.jsonl")):
         if "val_won" in r and (r.get("ckpt") == "base") == base:
-            out[tuple(r.get(k) for k in PASS_KEY)] = r
+            out[tuple(r.get(k) for k in G.EVAL_KEY)] = r
     return out
 
 
@@ -1275,7 +1272,7 @@ def results_table(infos, path):
         r = {"run": info["name"], "path": info["run"], "algo": algo_name(info["run"], lrs), "seed": a.get("seed"),
              "eruptions": len(ph), "peak": peak, "area": entropy_area(s), "success": (mean(succ[:5]), mean(succ[-5:])),
              "held_out": ev and ev["val_success"], "tasks": ev and len(ev["val_won"]),
-             "key": ev and tuple(ev.get(k) for k in PASS_KEY)}
+             "key": ev and tuple(ev.get(k) for k in G.EVAL_KEY)}
         rows.append(r)
         per.setdefault(r["algo"], []).append(r)
     sd = lambda xs: math.sqrt(sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
