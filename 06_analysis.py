@@ -50,7 +50,8 @@ Gradient interference (Lemma 3.3 per sample) at a checkpoint, on G saved steps j
     python 06_analysis.py --runs runs/grpo-webshop-s0 --interference               # + c_j vs A_j at the checkpoint
     python 06_analysis.py --results results/matrix   # an experiment's figures and tables from its committed logs:
         table.md (a SEAL run at an alpha other than 0.02 is its own algorithm; a run's held-out score is its pass on
-        the most tasks), entropy-grid.png (algorithm x seed, the control in grey), summary.md and the plots above
+        the most tasks; then C4 and C3 tallied over every run's snapshot measurements), entropy-grid.png (algorithm
+        x seed, the control in grey), c4-snapshots.png, summary.md and the plots above
 """
 import importlib
 import json
@@ -1312,6 +1313,93 @@ def results_table(infos, path):
     return path, rows
 
 
+def snapshot_tallies(stats, threshold):
+    """C3 and C4 over every run with snapshot measurements (rescore.json, interference.json).
+    C4: each pair of consecutive re-scored snapshots is an interval whose smoothed entropy rose (fell) by more than
+    the eruption threshold, or stayed within it; count in how many the fixed valid / correct / wrong steps' mean
+    log-prob fell and rose (sign test of fell vs rose against 1/2). C3: per run, the mean of (1/G) sum_j A_j c_j at
+    snapshots before or in the rise of an eruption against those while one subsides or after one ("for" when the
+    first is the more negative; "after k, before k+1" counts as before), and at how many snapshots the
+    negative-advantage steps have the larger mean c_j."""
+    c4, deltas = {}, []
+    for st in stats.values():
+        pts = [p for p in (st.get("rescore") or {}).get("points", []) if p.get("entropy_smoothed") is not None]
+        for a, b in zip(pts, pts[1:]):
+            d = b["entropy_smoothed"] - a["entropy_smoothed"]
+            kind = "rose" if d > threshold else "fell" if d < -threshold else "within the threshold"
+            deltas.append((d, b["logp_valid"] - a["logp_valid"]))
+            for k in ("logp_valid", "logp_correct", "logp_wrong"):
+                c4.setdefault(kind, {}).setdefault(k, [0, 0])[b[k] > a[k]] += 1
+    c3 = []
+    for name, st in stats.items():
+        pts = (st.get("interference") or {}).get("points", [])
+        if not pts:
+            continue
+        late = lambda w: ("subsidence" in w or w.startswith("after")) and "before" not in w  # noqa: E731
+        up = [p["sum_Ac_over_G"] for p in pts if not late(p["where"])]
+        down = [p["sum_Ac_over_G"] for p in pts if late(p["where"])]
+        neg_more = both = 0
+        for p in pts:
+            cn = [c for a, c in zip(p["A"], p["c"]) if a < 0]
+            cp = [c for a, c in zip(p["A"], p["c"]) if a > 0]
+            if cn and cp:
+                both += 1
+                neg_more += mean(cn) > mean(cp)
+        verdict = "n/a" if not (up and down) else "for" if mean(up) < mean(down) else "against"
+        live = [p["sum_Ac_over_G"] for p in pts if any(a != 0 for a in p["A"])]  # some advantage to act on
+        c3.append({"run": name, "before": up, "after": down, "verdict": verdict, "neg_larger": neg_more,
+                   "both_signs": both, "negative": sum(x < 0 for x in live), "live": len(live)})
+    return {"c4": c4, "c3": c3, "deltas": deltas}
+
+
+def tallies_markdown(t, threshold):
+    """The tables of snapshot_tallies, for table.md."""
+    if not (t["c4"] or t["c3"]):
+        return []
+    lines = []
+    if t["c4"]:
+        lines += ["", f"C4, fixed steps re-scored at consecutive snapshots (all runs with rescore.json; threshold "
+                  f"{threshold:.4g} nats): mean log-prob fell / rose, sign-test p", "",
+                  "| smoothed entropy between snapshots | intervals | valid steps | correct steps | wrong steps |",
+                  "|---|---|---|---|---|"]
+        for kind in ("rose", "fell", "within the threshold"):
+            if kind in t["c4"]:
+                row = t["c4"][kind]
+                cells = [f"{d} / {u}, p={G.sign_test([1] * d + [0] * u, [0] * d + [1] * u)['p']:.2g}"  # gained=rose
+                         for d, u in (row[k] for k in ("logp_valid", "logp_correct", "logp_wrong"))]
+                lines.append(f"| {kind} | {sum(row['logp_valid'])} | " + " | ".join(cells) + " |")
+    if t["c3"]:
+        lines += ["", "C3, (1/G) sum_j A_j c_j per snapshot (all runs with interference.json): before or in the rise "
+                  "of an eruption vs while one subsides or after one", "",
+                  "| run | before / rising | subsiding / after | before more negative | snapshots where negative-"
+                  "advantage steps have the larger mean c_j |", "|---|---|---|---|---|"]
+        for r in t["c3"]:
+            lines.append(f"| {r['run']} | {', '.join(f'{x:.3g}' for x in r['before']) or '-'} | "
+                         f"{', '.join(f'{x:.3g}' for x in r['after']) or '-'} | {r['verdict']} | "
+                         f"{r['neg_larger']} / {r['both_signs']} |")
+        v = [r["verdict"] for r in t["c3"]]
+        lines.append(f"\nC3 over runs: for {v.count('for')}, against {v.count('against')}, n/a {v.count('n/a')}. The sum "
+                     f"is negative (a GRPO step lowers the batch's mean likelihood) at "
+                     f"{sum(r['negative'] for r in t['c3'])} of {sum(r['live'] for r in t['c3'])} snapshots whose "
+                     f"steps carry any advantage.")
+    return lines
+
+
+def plot_tallies(t, threshold, path):
+    """(C4 over runs) change of the fixed valid steps' log-prob against the change of smoothed entropy between
+    consecutive snapshots, one point per interval of every run."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.scatter([d for d, _ in t["deltas"]], [v for _, v in t["deltas"]], s=14)
+    for x in (-threshold, threshold):
+        ax.axvline(x, color="0.6", ls="--", lw=1)
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xlabel("change of smoothed entropy between snapshots (nats)")
+    ax.set_ylabel("change of valid steps' mean token logp", fontsize=8)
+    ax.set_title(f"C4 over runs: {len(t['deltas'])} snapshot intervals (dashed: eruption threshold)", fontsize=9)
+    return save(fig, path)
+
+
 def plot_grid(infos, controls, path):
     """The experiment at a glance: one row per algorithm, one column per seed, every panel on the same y scale with
     the run's eruption intervals shaded and the no-learning control's smoothed entropy (that seed's, else any) in grey."""
@@ -1358,13 +1446,18 @@ def analyse_results(args):
     logs = analyse_logs(args)
     infos = [dict(i, run=r) for i, r in zip(logs.pop("infos"), trained)]
     path, rows = results_table(infos, os.path.join(args.out_dir, "table.md"))
+    tallies = snapshot_tallies(logs["stats"], args.rise_abs)
+    with open(path, "a") as f:
+        f.write("\n".join(tallies_markdown(tallies, args.rise_abs) + [""]))
+    if tallies["deltas"]:
+        plot_tallies(tallies, args.rise_abs, os.path.join(args.out_dir, "c4-snapshots.png"))
     controls = {}
     for r in experiment_runs(folder, all_controls=True)[1]:
         u, e = series(load_metrics(r), "entropy")
         controls[run_args(r).get("seed", 0)] = (u, smooth(e, args.smooth))
     grid = plot_grid(infos, controls, os.path.join(args.out_dir, "entropy-grid.png"))
     print(f"wrote {path} and {grid}")
-    return dict(logs, table=path, rows=rows)
+    return dict(logs, table=path, rows=rows, tallies={k: v for k, v in tallies.items() if k != "deltas"})
 
 
 @dataclass

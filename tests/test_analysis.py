@@ -344,6 +344,29 @@ def test_results_table_keeps_an_alpha_sweep_apart_and_pairs_it_with_the_run_with
     assert "4 / 0, p=0.125 (6 tasks)" in open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
 
 
+def test_snapshot_tallies_count_c4_intervals_and_c3_verdicts_per_run():
+    """C4 intervals are classed by the entropy change against the threshold (the base point, with no entropy, is left
+    out); C3 compares the mean sum before / rising with the mean while subsiding / after, where "after k, before k+1"
+    counts as before; snapshots whose steps carry no advantage are not counted as negative or positive."""
+    pt = lambda u, e, v: {"update": u, "entropy_smoothed": e, "logp_valid": v, "logp_correct": v, "logp_wrong": -v}  # noqa: E731
+    rescore = {"points": [dict(pt(0, None, -9.0)), pt(10, 0.02, -0.5), pt(20, 0.30, -0.6), pt(30, 0.31, -0.4),
+                          pt(40, 0.05, -0.3)]}
+    ip = lambda w, A, c: {"where": w, "A": A, "c": c, "sum_Ac_over_G": sum(a * x for a, x in zip(A, c)) / len(A)}  # noqa: E731
+    interf = {"points": [ip("after eruption 1, before 2", [-1.0, 1.0], [5.0, 1.0]),
+                         ip("rising part of eruption 2", [0.0, 0.0], [3.0, 3.0]),
+                         ip("subsidence of eruption 2", [-1.0, 1.0], [1.0, 2.0])]}
+    t = A.snapshot_tallies({"r": {"rescore": rescore, "interference": interf}, "s": {}}, threshold=0.05)
+    assert t["c4"]["rose"]["logp_valid"] == [1, 0]  # 10 -> 20: entropy +0.28, valid fell
+    assert t["c4"]["within the threshold"]["logp_valid"] == [0, 1]  # 20 -> 30
+    assert t["c4"]["fell"]["logp_wrong"] == [1, 0]  # 30 -> 40: entropy -0.26, wrong (= -valid) fell
+    assert len(t["deltas"]) == 3
+    (c3,) = t["c3"]
+    assert c3["before"] == [-2.0, 0.0] and c3["after"] == [0.5] and c3["verdict"] == "for"
+    assert (c3["neg_larger"], c3["both_signs"], c3["negative"], c3["live"]) == (1, 2, 1, 2)
+    md = "\n".join(A.tallies_markdown(t, 0.05))
+    assert "| rose | 1 | 1 / 0, p=1 |" in md and "C3 over runs: for 1, against 0, n/a 0." in md
+
+
 def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):
     """C4 measured on fixed steps: update 0 is the zero adapter, later points load the snapshots; the result is saved
     with the run and read back by a later analysis that has no checkpoints."""
