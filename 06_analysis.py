@@ -1378,8 +1378,8 @@ def tallies_markdown(t, threshold):
                          f"{', '.join(f'{x:.3g}' for x in r['after']) or '-'} | {r['verdict']} | "
                          f"{r['neg_larger']} / {r['both_signs']} |")
         v = [r["verdict"] for r in t["c3"]]
-        lines.append(f"\nC3 over runs: for {v.count('for')}, against {v.count('against')}, n/a {v.count('n/a')}. The sum "
-                     f"is negative (a GRPO step lowers the batch's mean likelihood) at "
+        lines.append(f"\nC3 over runs: for {v.count('for')}, against {v.count('against')}, n/a {v.count('n/a')}. "
+                     f"The sum is negative (a GRPO step lowers the batch's mean likelihood) at "
                      f"{sum(r['negative'] for r in t['c3'])} of {sum(r['live'] for r in t['c3'])} snapshots whose "
                      f"steps carry any advantage.")
     return lines

@@ -348,10 +348,14 @@ def test_snapshot_tallies_count_c4_intervals_and_c3_verdicts_per_run():
     """C4 intervals are classed by the entropy change against the threshold (the base point, with no entropy, is left
     out); C3 compares the mean sum before / rising with the mean while subsiding / after, where "after k, before k+1"
     counts as before; snapshots whose steps carry no advantage are not counted as negative or positive."""
-    pt = lambda u, e, v: {"update": u, "entropy_smoothed": e, "logp_valid": v, "logp_correct": v, "logp_wrong": -v}  # noqa: E731
-    rescore = {"points": [dict(pt(0, None, -9.0)), pt(10, 0.02, -0.5), pt(20, 0.30, -0.6), pt(30, 0.31, -0.4),
+    def pt(u, e, v):
+        return {"update": u, "entropy_smoothed": e, "logp_valid": v, "logp_correct": v, "logp_wrong": -v}
+
+    def ip(w, A, c):
+        return {"where": w, "A": A, "c": c, "sum_Ac_over_G": sum(a * x for a, x in zip(A, c)) / len(A)}
+
+    rescore = {"points": [pt(0, None, -9.0), pt(10, 0.02, -0.5), pt(20, 0.30, -0.6), pt(30, 0.31, -0.4),
                           pt(40, 0.05, -0.3)]}
-    ip = lambda w, A, c: {"where": w, "A": A, "c": c, "sum_Ac_over_G": sum(a * x for a, x in zip(A, c)) / len(A)}  # noqa: E731
     interf = {"points": [ip("after eruption 1, before 2", [-1.0, 1.0], [5.0, 1.0]),
                          ip("rising part of eruption 2", [0.0, 0.0], [3.0, 3.0]),
                          ip("subsidence of eruption 2", [-1.0, 1.0], [1.0, 2.0])]}
