@@ -988,7 +988,9 @@ def rescore(info, args):
     --rescore_samples, drawn from all saved rollout batches: valid steps, steps of won and of lost episodes) under
     the base (the zero adapter, update 0) and every snapshot ckpt/state-uNNNNN.pt. metrics.jsonl's logp_valid
     scores each update's own samples, whose mean log-prob is minus their entropy by construction; here the samples
-    stay fixed, so a fall means the policy moved away from steps it once took."""
+    stay fixed, so a fall means the policy moved away from steps it once took. The sampled steps include those of
+    eruption policies, which a policy moving towards them scores higher; logp_expert scores valid steps from outside
+    the run as well (expert_steps)."""
     run = info["run"]
     cks = [p for p in checkpoints(run) if re.search(r"state-u\d+\.pt$", p)]
     rollouts = load_rollouts(run)
@@ -1000,17 +1002,30 @@ def rescore(info, args):
     policy, tok, named = snapshot_policy(run)
     samples = [{"prompt_ids": tok(s["prompt"], add_special_tokens=False)["input_ids"], "response_ids": s["response_ids"]}
                for _, s in steps]
+    demos = expert_steps(run, rollouts, tok, args)
     ent = dict(zip(info["updates"], info["phases"]["smoothed"]))
     points = []
     for path in [None] + cks:
         u = load_snapshot(named, path) if path else 0
-        R.score(policy, tok, samples)
+        R.score(policy, tok, samples + demos)
         group = lambda keep: mean([x for (won, s), x_s in zip(steps, samples) if keep(won, s)  # noqa: E731
                                    for x in x_s["old_logp"]])
         points.append({"update": u, "logp_valid": group(lambda w, s: s["valid"]), "logp_correct": group(lambda w, s: w),
-                       "logp_wrong": group(lambda w, s: not w), "entropy_smoothed": ent.get(u), "where": where(info, u)})
+                       "logp_wrong": group(lambda w, s: not w), "logp_expert": mean([x for d in demos for x in d["old_logp"]]),
+                       "entropy_smoothed": ent.get(u), "where": where(info, u)})
     return {"rollout_updates": sorted(rollouts), "steps": len(steps), "won_steps": sum(w for w, _ in steps),
-            "points": points, "note": ""}
+            "expert_steps": len(demos), "points": points, "note": ""}
+
+
+def expert_steps(run, rollouts, tok, args):
+    """Valid trajectories that do not come from the run: the env expert's demonstration steps on the tasks the run
+    played (the seeds of its saved episodes; up to --rescore_samples steps), chat-templated as 01 mid-trains on them."""
+    ra = run_args(run)
+    env = ra.get("env", "alfworld")
+    seeds = sorted({ep["seed"] for u in rollouts for ep in rollouts[u] if "seed" in ep})
+    F.use_data(env, ra.get("data", ""), ra.get("split", "train"), ra.get("goals", "synthetic"))
+    demos = F.demo_pairs(tok, F.expert_demos(env, seeds, ra.get("history_length", 2), ra.get("max_steps") or None))
+    return random.Random(args.seed).sample(demos, min(args.rescore_samples, len(demos)))
 
 
 def plot_rescore(info, res, path):
@@ -1018,8 +1033,9 @@ def plot_rescore(info, res, path):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     ups = [p["update"] for p in res["points"]]
-    for k in ("logp_valid", "logp_correct", "logp_wrong"):
-        ax.plot(ups, [p[k] for p in res["points"]], "o-", ms=4, label=k)
+    for k in LOGP_KEYS:
+        if all(p.get(k) is not None for p in res["points"]):
+            ax.plot(ups, [p[k] for p in res["points"]], "o-", ms=4, label=k)
     ax.set_xlabel("update (snapshot)")
     ax.set_ylabel(f"mean token logp of {res['steps']} fixed steps", fontsize=8)
     ax2 = ax.twinx()
@@ -1128,11 +1144,14 @@ def write_summary(infos, stats, pngs, args, path, noise=None):
                       + (f". {res['note']}" if res["note"] else "")]
         if st.get("rescore"):
             res = st["rescore"]
+            ex = res.get("expert_steps")
             lines += ["", f"Fixed steps re-scored (C4; {res.get('steps')} steps drawn from the rollouts of updates "
-                      f"{res.get('rollout_updates')}, {res.get('won_steps')} in won episodes), mean token logp valid / "
-                      "correct / wrong: " +
+                      f"{res.get('rollout_updates')}, {res.get('won_steps')} in won episodes"
+                      + (f"; {ex} expert steps on the run's tasks" if ex else "") + "), mean token logp valid / "
+                      "correct / wrong" + (" / expert" if ex else "") + ": " +
                       ("; ".join(f"update {p['update']} ({p['where']}): {fmt(p['logp_valid'])} / "
-                                 f"{fmt(p['logp_correct'])} / {fmt(p['logp_wrong'])}" for p in res["points"]) or "none")
+                                 f"{fmt(p['logp_correct'])} / {fmt(p['logp_wrong'])}"
+                                 + (f" / {fmt(p['logp_expert'])}" if ex else "") for p in res["points"]) or "none")
                       + (f". {res['note']}" if res.get("note") else "")]
         lines += ["", " ".join(f"[{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs[name])]
     lines += ["", "All runs: " + " ".join(f"[{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs["all"])]
@@ -1313,6 +1332,9 @@ def results_table(infos, path):
     return path, rows
 
 
+LOGP_KEYS = ("logp_valid", "logp_correct", "logp_wrong", "logp_expert")
+
+
 def snapshot_tallies(stats, threshold):
     """C3 and C4 over every run with snapshot measurements (rescore.json, interference.json).
     C4: each pair of consecutive re-scored snapshots is an interval whose smoothed entropy rose (fell) by more than
@@ -1327,9 +1349,11 @@ def snapshot_tallies(stats, threshold):
         for a, b in zip(pts, pts[1:]):
             d = b["entropy_smoothed"] - a["entropy_smoothed"]
             kind = "rose" if d > threshold else "fell" if d < -threshold else "within the threshold"
-            deltas.append((d, b["logp_valid"] - a["logp_valid"]))
-            for k in ("logp_valid", "logp_correct", "logp_wrong"):
-                c4.setdefault(kind, {}).setdefault(k, [0, 0])[b[k] > a[k]] += 1
+            deltas.append((d, b["logp_valid"] - a["logp_valid"],
+                           b["logp_expert"] - a["logp_expert"] if "logp_expert" in a and "logp_expert" in b else None))
+            for k in LOGP_KEYS:
+                if a.get(k) is not None and b.get(k) is not None:  # logp_expert: rescore.json of today's 06 only
+                    c4.setdefault(kind, {}).setdefault(k, [0, 0])[b[k] > a[k]] += 1
     c3 = []
     for name, st in stats.items():
         pts = (st.get("interference") or {}).get("points", [])
@@ -1360,13 +1384,13 @@ def tallies_markdown(t, threshold):
     if t["c4"]:
         lines += ["", f"C4, fixed steps re-scored at consecutive snapshots (all runs with rescore.json; threshold "
                   f"{threshold:.4g} nats): mean log-prob fell / rose, sign-test p", "",
-                  "| smoothed entropy between snapshots | intervals | valid steps | correct steps | wrong steps |",
-                  "|---|---|---|---|---|"]
+                  "| smoothed entropy between snapshots | intervals | valid steps | correct steps | wrong steps | "
+                  "the expert's steps on the run's tasks |", "|---|---|---|---|---|---|"]
         for kind in ("rose", "fell", "within the threshold"):
             if kind in t["c4"]:
                 row = t["c4"][kind]
                 cells = [f"{d} / {u}, p={G.sign_test([1] * d + [0] * u, [0] * d + [1] * u)['p']:.2g}"  # gained=rose
-                         for d, u in (row[k] for k in ("logp_valid", "logp_correct", "logp_wrong"))]
+                         if (d, u) != (0, 0) else "n/a" for d, u in (row.get(k, (0, 0)) for k in LOGP_KEYS)]
                 lines.append(f"| {kind} | {sum(row['logp_valid'])} | " + " | ".join(cells) + " |")
     if t["c3"]:
         lines += ["", "C3, (1/G) sum_j A_j c_j per snapshot (all runs with interference.json): before or in the rise "
@@ -1386,16 +1410,20 @@ def tallies_markdown(t, threshold):
 
 
 def plot_tallies(t, threshold, path):
-    """(C4 over runs) change of the fixed valid steps' log-prob against the change of smoothed entropy between
+    """(C4 over runs) change of the fixed valid (and expert) steps' log-prob against the change of smoothed entropy between
     consecutive snapshots, one point per interval of every run."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
-    ax.scatter([d for d, _ in t["deltas"]], [v for _, v in t["deltas"]], s=14)
+    ax.scatter([d for d, _, _ in t["deltas"]], [v for _, v, _ in t["deltas"]], s=14, label="valid steps (sampled)")
+    ex = [(d, x) for d, _, x in t["deltas"] if x is not None]
+    if ex:
+        ax.scatter([d for d, _ in ex], [x for _, x in ex], s=14, marker="x", label="the expert's steps")
+        ax.legend(fontsize=7)
     for x in (-threshold, threshold):
         ax.axvline(x, color="0.6", ls="--", lw=1)
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set_xlabel("change of smoothed entropy between snapshots (nats)")
-    ax.set_ylabel("change of valid steps' mean token logp", fontsize=8)
+    ax.set_ylabel("change of mean token logp", fontsize=8)
     ax.set_title(f"C4 over runs: {len(t['deltas'])} snapshot intervals (dashed: eruption threshold)", fontsize=9)
     return save(fig, path)
 
@@ -1490,7 +1518,7 @@ class Args:
     """with --runs, re-score the first saved rollout batch under the base and every snapshot (C4; loads the model;
     writes run/rescore.json, which later analyses of the run read back)"""
     rescore_samples: int = 256
-    """steps re-scored by --rescore"""
+    """steps re-scored by --rescore (drawn from the rollouts; and up to as many of the expert's steps)"""
     interference: bool = False
     """with --runs, also compute c_j vs A_j at each run's checkpoint(s) (loads the run's model; writes
     run/interference.json, which later analyses of the run read back)"""

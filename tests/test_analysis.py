@@ -380,8 +380,12 @@ def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):
     steps = [(ep["won"], s) for eps in A.load_rollouts(run).values() for ep in eps for s in ep["steps"]]
     samples = [{"prompt_ids": tok(s["prompt"], add_special_tokens=False)["input_ids"], "response_ids": s["response_ids"]}
                for _, s in steps]
-    R.score(policy, tok, samples)  # the zero adapter: the base's log-probs
+    # valid steps the run did not sample: the ALFWorld expert's on the tasks (seeds) of the run's episodes
+    seeds = sorted({ep["seed"] for eps in A.load_rollouts(run).values() for ep in eps})
+    demos = F.demo_pairs(tok, F.expert_demos("alfworld", seeds, history_length=2))
+    R.score(policy, tok, samples + demos)  # the zero adapter: the base's log-probs
     want = A.mean([x for (_, s), x_s in zip(steps, samples) if s["valid"] for x in x_s["old_logp"]])
+    want_expert = A.mean([x for d in demos for x in d["old_logp"]])
     dp_update.move_adapter(policy, 3.0)
     save_snapshot(run, policy, "state-u00050.pt")
     rep = A.main(["--runs", run, "--out_dir", str(tmp_path / "a"), "--rescore", "--rescore_samples", "100000"])
@@ -389,10 +393,13 @@ def test_rescore_scores_fixed_steps_under_the_base_and_each_snapshot(tmp_path):
     assert [p["update"] for p in res["points"]] == [0, 50] and res["steps"] == len(steps)
     # 06 scores the steps in another order, so in other padded micro-batches of this random model: 2e-3 of slack
     assert res["points"][0]["logp_valid"] == pytest.approx(want, abs=2e-3)
+    assert res["expert_steps"] == len(demos) > 0
+    assert res["points"][0]["logp_expert"] == pytest.approx(want_expert, abs=2e-3)
+    assert abs(res["points"][1]["logp_expert"] - want_expert) > 0.01
     # the snapshot's adapter moves them (this near-uniform random model, logp ~ -log V, moves little: 0.019)
     assert abs(res["points"][1]["logp_valid"] - want) > 0.01
     again = A.main(["--runs", run, "--out_dir", str(tmp_path / "b")])["logs"]["stats"]["grpo-alfworld-s0"]["rescore"]
-    keys = ("update", "logp_valid", "logp_correct", "logp_wrong")
+    keys = ("update", "logp_valid", "logp_correct", "logp_wrong", "logp_expert")
     assert [[p[k] for k in keys] for p in again["points"]] == [[p[k] for k in keys] for p in res["points"]]
     assert "Fixed steps re-scored" in (tmp_path / "b" / "summary.md").read_text()
 
