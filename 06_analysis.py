@@ -1343,7 +1343,7 @@ def snapshot_tallies(stats, threshold):
     snapshots before or in the rise of an eruption against those while one subsides or after one ("for" when the
     first is the more negative; "after k, before k+1" counts as before), and at how many snapshots the
     negative-advantage steps have the larger mean c_j."""
-    c4, deltas = {}, []
+    c4, deltas, changes = {}, [], {}
     for st in stats.values():
         pts = [p for p in (st.get("rescore") or {}).get("points", []) if p.get("entropy_smoothed") is not None]
         for a, b in zip(pts, pts[1:]):
@@ -1354,6 +1354,7 @@ def snapshot_tallies(stats, threshold):
             for k in LOGP_KEYS:
                 if a.get(k) is not None and b.get(k) is not None:  # logp_expert: rescore.json of today's 06 only
                     c4.setdefault(kind, {}).setdefault(k, [0, 0])[b[k] > a[k]] += 1
+                    changes.setdefault(k, []).append((d, b[k] - a[k]))
     c3 = []
     for name, st in stats.items():
         pts = (st.get("interference") or {}).get("points", [])
@@ -1373,7 +1374,19 @@ def snapshot_tallies(stats, threshold):
         live = [p["sum_Ac_over_G"] for p in pts if any(a != 0 for a in p["A"])]  # some advantage to act on
         c3.append({"run": name, "before": up, "after": down, "verdict": verdict, "neg_larger": neg_more,
                    "both_signs": both, "negative": sum(x < 0 for x in live), "live": len(live)})
-    return {"c4": c4, "c3": c3, "deltas": deltas}
+    corr = {k: rank_correlation(*zip(*v)) for k, v in changes.items() if len(v) > 2}
+    return {"c4": c4, "c4_rank_correlation": corr, "c3": c3, "deltas": deltas}
+
+
+def rank_correlation(x, y, perms=10000, seed=0):
+    """Spearman's rho of x and y (ties broken by order) and its two-sided permutation p-value."""
+    rx, ry = ranks(torch.tensor(x, dtype=torch.float64)), ranks(torch.tensor(y, dtype=torch.float64))
+    rho = pearson(rx, ry)
+    g = torch.Generator().manual_seed(seed)
+    shuffled = ry[torch.argsort(torch.rand(perms, len(ry), generator=g), dim=1)]
+    cx, cy = rx - rx.mean(), shuffled - shuffled.mean(1, keepdim=True)
+    null = (cy @ cx) / (cx.norm() * cy.norm(dim=1))
+    return {"rho": rho, "p": (1 + (null.abs() >= abs(rho) - 1e-12).sum().item()) / (1 + perms), "n": len(x)}
 
 
 def tallies_markdown(t, threshold):
@@ -1392,6 +1405,11 @@ def tallies_markdown(t, threshold):
                 cells = [f"{d} / {u}, p={G.sign_test([1] * d + [0] * u, [0] * d + [1] * u)['p']:.2g}"  # gained=rose
                          if (d, u) != (0, 0) else "n/a" for d, u in (row.get(k, (0, 0)) for k in LOGP_KEYS)]
                 lines.append(f"| {kind} | {sum(row['logp_valid'])} | " + " | ".join(cells) + " |")
+        rc = t.get("c4_rank_correlation", {})
+        if rc:
+            lines.append(f"| all: Spearman rho of the log-prob change with the entropy change (permutation p) | "
+                         f"{rc['logp_valid']['n']} | " + " | ".join(
+                             f"{rc[k]['rho']:+.2f} (p={rc[k]['p']:.2g})" if k in rc else "n/a" for k in LOGP_KEYS) + " |")
     if t["c3"]:
         lines += ["", "C3, (1/G) sum_j A_j c_j per snapshot (all runs with interference.json): before or in the rise "
                   "of an eruption vs while one subsides or after one", "",
@@ -1410,8 +1428,8 @@ def tallies_markdown(t, threshold):
 
 
 def plot_tallies(t, threshold, path):
-    """(C4 over runs) change of the fixed valid (and expert) steps' log-prob against the change of smoothed entropy between
-    consecutive snapshots, one point per interval of every run."""
+    """(C4 over runs) change of the fixed valid (and expert) steps' log-prob against the change of smoothed entropy
+    between consecutive snapshots, one point per interval of every run."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     ax.scatter([d for d, _, _ in t["deltas"]], [v for _, v, _ in t["deltas"]], s=14, label="valid steps (sampled)")

@@ -364,6 +364,10 @@ def test_snapshot_tallies_count_c4_intervals_and_c3_verdicts_per_run():
     assert t["c4"]["within the threshold"]["logp_valid"] == [0, 1]  # 20 -> 30
     assert t["c4"]["fell"]["logp_wrong"] == [1, 0]  # 30 -> 40: entropy -0.26, wrong (= -valid) fell
     assert len(t["deltas"]) == 3
+    # entropy changes +0.28, +0.01, -0.26 against valid changes -0.1, +0.2, +0.1: ranks (2, 1, 0) vs (0, 2, 1)
+    assert t["c4_rank_correlation"]["logp_valid"]["rho"] == pytest.approx(-0.5)
+    perfect = A.rank_correlation(list(range(12)), [x ** 3 for x in range(12)])
+    assert perfect["rho"] == pytest.approx(1.0) and perfect["p"] < 1e-3 and perfect["n"] == 12
     (c3,) = t["c3"]
     assert c3["before"] == [-2.0, 0.0] and c3["after"] == [0.5] and c3["verdict"] == "for"
     assert (c3["neg_larger"], c3["both_signs"], c3["negative"], c3["live"]) == (1, 2, 1, 2)
