@@ -1343,24 +1343,22 @@ def snapshot_tallies(stats, threshold):
     snapshots before or in the rise of an eruption against those while one subsides or after one ("for" when the
     first is the more negative; "after k, before k+1" counts as before), and at how many snapshots the
     negative-advantage steps have the larger mean c_j."""
-    c4, deltas, changes = {}, [], {}
+    c4, changes = {}, {}
     for st in stats.values():
         pts = [p for p in (st.get("rescore") or {}).get("points", []) if p.get("entropy_smoothed") is not None]
         for a, b in zip(pts, pts[1:]):
             d = b["entropy_smoothed"] - a["entropy_smoothed"]
             kind = "rose" if d > threshold else "fell" if d < -threshold else "within the threshold"
-            deltas.append((d, b["logp_valid"] - a["logp_valid"],
-                           b["logp_expert"] - a["logp_expert"] if "logp_expert" in a and "logp_expert" in b else None))
             for k in LOGP_KEYS:
                 if a.get(k) is not None and b.get(k) is not None:  # logp_expert: rescore.json of today's 06 only
                     c4.setdefault(kind, {}).setdefault(k, [0, 0])[b[k] > a[k]] += 1
                     changes.setdefault(k, []).append((d, b[k] - a[k]))
     c3 = []
+    late = lambda w: ("subsidence" in w or w.startswith("after")) and "before" not in w  # noqa: E731 (where()'s text)
     for name, st in stats.items():
         pts = (st.get("interference") or {}).get("points", [])
         if not pts:
             continue
-        late = lambda w: ("subsidence" in w or w.startswith("after")) and "before" not in w  # noqa: E731
         up = [p["sum_Ac_over_G"] for p in pts if not late(p["where"])]
         down = [p["sum_Ac_over_G"] for p in pts if late(p["where"])]
         neg_more = both = 0
@@ -1375,7 +1373,7 @@ def snapshot_tallies(stats, threshold):
         c3.append({"run": name, "before": up, "after": down, "verdict": verdict, "neg_larger": neg_more,
                    "both_signs": both, "negative": sum(x < 0 for x in live), "live": len(live)})
     corr = {k: rank_correlation(*zip(*v)) for k, v in changes.items() if len(v) > 2}
-    return {"c4": c4, "c4_rank_correlation": corr, "c3": c3, "deltas": deltas}
+    return {"c4": c4, "c4_rank_correlation": corr, "c3": c3, "changes": changes}
 
 
 def rank_correlation(x, y, perms=10000, seed=0):
@@ -1407,9 +1405,9 @@ def tallies_markdown(t, threshold):
                 lines.append(f"| {kind} | {sum(row['logp_valid'])} | " + " | ".join(cells) + " |")
         rc = t.get("c4_rank_correlation", {})
         if rc:
+            cells = [f"{rc[k]['rho']:+.2f} (p={rc[k]['p']:.2g})" if k in rc else "n/a" for k in LOGP_KEYS]
             lines.append(f"| all: Spearman rho of the log-prob change with the entropy change (permutation p) | "
-                         f"{rc['logp_valid']['n']} | " + " | ".join(
-                             f"{rc[k]['rho']:+.2f} (p={rc[k]['p']:.2g})" if k in rc else "n/a" for k in LOGP_KEYS) + " |")
+                         f"{rc['logp_valid']['n']} | " + " | ".join(cells) + " |")
     if t["c3"]:
         lines += ["", "C3, (1/G) sum_j A_j c_j per snapshot (all runs with interference.json): before or in the rise "
                   "of an eruption vs while one subsides or after one", "",
@@ -1432,17 +1430,17 @@ def plot_tallies(t, threshold, path):
     between consecutive snapshots, one point per interval of every run."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
-    ax.scatter([d for d, _, _ in t["deltas"]], [v for _, v, _ in t["deltas"]], s=14, label="valid steps (sampled)")
-    ex = [(d, x) for d, _, x in t["deltas"] if x is not None]
-    if ex:
-        ax.scatter([d for d, _ in ex], [x for _, x in ex], s=14, marker="x", label="the expert's steps")
-        ax.legend(fontsize=7)
+    for k, marker, name in (("logp_valid", "o", "valid steps (sampled)"), ("logp_expert", "x", "the expert's steps")):
+        if t["changes"].get(k):
+            ax.scatter(*zip(*t["changes"][k]), s=14, marker=marker, label=name)
+    ax.legend(fontsize=7)
     for x in (-threshold, threshold):
         ax.axvline(x, color="0.6", ls="--", lw=1)
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set_xlabel("change of smoothed entropy between snapshots (nats)")
     ax.set_ylabel("change of mean token logp", fontsize=8)
-    ax.set_title(f"C4 over runs: {len(t['deltas'])} snapshot intervals (dashed: eruption threshold)", fontsize=9)
+    ax.set_title(f"C4 over runs: {len(t['changes']['logp_valid'])} snapshot intervals (dashed: eruption threshold)",
+                 fontsize=9)
     return save(fig, path)
 
 
@@ -1495,7 +1493,7 @@ def analyse_results(args):
     tallies = snapshot_tallies(logs["stats"], args.rise_abs)
     with open(path, "a") as f:
         f.write("\n".join(tallies_markdown(tallies, args.rise_abs) + [""]))
-    if tallies["deltas"]:
+    if tallies["changes"]:
         plot_tallies(tallies, args.rise_abs, os.path.join(args.out_dir, "c4-snapshots.png"))
     controls = {}
     for r in experiment_runs(folder, all_controls=True)[1]:
@@ -1503,7 +1501,7 @@ def analyse_results(args):
         controls[run_args(r).get("seed", 0)] = (u, smooth(e, args.smooth))
     grid = plot_grid(infos, controls, os.path.join(args.out_dir, "entropy-grid.png"))
     print(f"wrote {path} and {grid}")
-    return dict(logs, table=path, rows=rows, tallies={k: v for k, v in tallies.items() if k != "deltas"})
+    return dict(logs, table=path, rows=rows, tallies={k: v for k, v in tallies.items() if k != "changes"})
 
 
 @dataclass

@@ -363,7 +363,7 @@ def test_snapshot_tallies_count_c4_intervals_and_c3_verdicts_per_run():
     assert t["c4"]["rose"]["logp_valid"] == [1, 0]  # 10 -> 20: entropy +0.28, valid fell
     assert t["c4"]["within the threshold"]["logp_valid"] == [0, 1]  # 20 -> 30
     assert t["c4"]["fell"]["logp_wrong"] == [1, 0]  # 30 -> 40: entropy -0.26, wrong (= -valid) fell
-    assert len(t["deltas"]) == 3
+    assert len(t["changes"]["logp_valid"]) == 3
     # entropy changes +0.28, +0.01, -0.26 against valid changes -0.1, +0.2, +0.1: ranks (2, 1, 0) vs (0, 2, 1)
     assert t["c4_rank_correlation"]["logp_valid"]["rho"] == pytest.approx(-0.5)
     perfect = A.rank_correlation(list(range(12)), [x ** 3 for x in range(12)])
