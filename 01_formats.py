@@ -547,7 +547,8 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
     expert's way back from there is recorded. Without it every demo is a straight path: the WebShop expert clicks
     the one fitting product using facts the results page hides (its options), so a model trained on straight paths
     never sees an item that does not fit, never learns `< prev`, and RL cannot sample a recovery it gives ~0 chance.
-    expert: the WebShop expert ("oracle", the default of build_base, or "browse", which only uses what the page shows)."""
+    expert: the env's expert (WebShop: "oracle", the default of build_base, or "browse"; ALFWorld: "oracle" or
+    "search"; None: the env's default)."""
     from datasets import Dataset
     rows = []
     env = make_env(env_name, **({"expert": expert} if expert else {}))
@@ -685,6 +686,10 @@ class Args:
     """chance of a random off-path step (then the expert's recovery) before a demo step; see expert_demos()"""
     detour_envs: str = "webshop"
     """envs whose demos get detours (ALFWorld's expert path is already learnable from what the agent sees)"""
+    alfworld_expert: str = "oracle"
+    """ALFWorld demo expert: oracle (walks straight to the goal object, whose place the agent cannot see) or search
+    (sweeps the receptacles in the order the admissible list shows them, using only what the agent is shown, so its
+    every step can be read off the prompt; envs/alfworld.py's _search); real ALFWorld data has its own expert"""
     webshop_expert: str = "oracle"
     """WebShop demo expert: oracle (clicks the fitting product, which the results page does not reveal) or browse
     (opens the hits in rank order, using only what the page shows; a base built on it won 0/32 held-out tasks);
@@ -744,8 +749,9 @@ def real_demo_envs(args):
 
 def demo_kw(args, env_name):
     """expert_demos() settings of one env under the build flags."""
+    expert = {"alfworld": args.alfworld_expert, "webshop": args.webshop_expert}.get(env_name)
     return {"detour": args.detour if env_name in args.detour_envs.split(",") else 0.0,
-            "expert": args.webshop_expert if env_name == "webshop" and not real_data(args).get(env_name) else None}
+            "expert": None if real_data(args).get(env_name) else expert}
 
 
 def build_base(args, progress=True):
@@ -756,6 +762,8 @@ def build_base(args, progress=True):
             raise SystemExit(f"error: unknown env {e!r}; choose from {', '.join(sorted(ENVS))}")
     if args.webshop_expert not in ("browse", "oracle"):
         raise SystemExit(f"error: --webshop_expert must be browse or oracle, got {args.webshop_expert!r}")
+    if args.alfworld_expert not in ("oracle", "search"):
+        raise SystemExit(f"error: --alfworld_expert must be oracle or search, got {args.alfworld_expert!r}")
     for e in ENVS:
         if getattr(args, f"{e}_data", "") and e not in env_names:
             raise SystemExit(f"error: --{e}_data is set but {e} is not in --envs {args.envs!r}")

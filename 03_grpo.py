@@ -165,17 +165,30 @@ def minibatch_chunks(n, k):
     return [list(range(n * i // k, n * (i + 1) // k)) for i in range(k)]
 
 
-def update(policy, opt, accelerator, tok, samples, args, aux=None):
+class NonFiniteStop(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm (see update())."""
+
+
+def update(policy, opt, accelerator, tok, samples, args, aux=None, guard=None):
     """One PPO pass over this process's samples in `args.minibatches` contiguous chunks (sizes differ by <= 1).
 
     Every process must hold the same number of chunks. Loss = sum over local tokens / global token count * world
     size, because DDP averages gradients over processes: the result is the exact token-mean of the global batch.
     aux(policy, h, batch) may return (per-token loss [B, L], metrics) to add (05_seal.py uses it).
+
+    Non-finite guard (verl's skip of a step whose gradient norm is not finite): when a mini-batch's loss or gradient
+    norm is NaN or inf on any process, no process steps the optimizer, so the parameters and the optimizer state stay
+    as they were; the step is counted in stats["skipped_steps"] and left out of the loss, KL and clip statistics.
+    guard: {"streak": optimizer steps skipped in a row so far} carried across updates by the caller; when the streak
+    reaches args.max_skipped_steps, NonFiniteStop is raised (every process at the same step).
     """
     device = accelerator.device
     raw = accelerator.unwrap_model(policy)
     raw.train()
-    stats = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "grad_norm": 0.0}
+    stats = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped_steps": 0}
+    guard = {"streak": 0} if guard is None else guard
+    limit = getattr(args, "max_skipped_steps", 3)
+    sums = []  # per optimizer step that was taken: (loss, clipped tokens, kl, grad norm, aux metrics)
     chunks = minibatch_chunks(len(samples), args.minibatches)
     micro = getattr(args, "micro_batch", 0)  # 0 = the whole minibatch at once
     # gradient checkpointing turns the key/value cache off in training mode, and the shared path needs it
@@ -214,14 +227,32 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None):
                 clip_sum += (clipped * m).sum().item()
                 kl_sum += (kl * m).sum().item()
             gn = accelerator.clip_grad_norm_(raw.parameters(), args.max_grad_norm)
+            # One decision for all processes: a NaN on any of them skips the step everywhere.
+            bad = not (math.isfinite(loss_sum) and math.isfinite(float(gn)))
+            if all_sum(accelerator, bad):
+                opt.zero_grad()
+                stats["skipped_steps"] += 1
+                guard["streak"] += 1
+                if guard["streak"] >= limit:
+                    raw.eval()
+                    raise NonFiniteStop(f"{guard['streak']} optimizer steps in a row had a non-finite loss or "
+                                        "gradient norm")
+                continue
             opt.step()
-            w = 1.0 / (args.minibatches * args.ppo_epochs)
-            stats["loss"] += w * all_sum(accelerator, loss_sum) / accelerator.num_processes
-            stats["pg_clipfrac"] += w * all_sum(accelerator, clip_sum) / max(n_global, 1)
-            stats["kl"] += w * all_sum(accelerator, kl_sum) / max(n_global, 1)
-            stats["grad_norm"] += w * float(gn)
-            for k, v in extra.items():
-                stats[k] = stats.get(k, 0.0) + w * all_sum(accelerator, v) / accelerator.num_processes
+            guard["streak"] = 0
+            sums.append((all_sum(accelerator, loss_sum) / accelerator.num_processes,
+                         all_sum(accelerator, clip_sum) / max(n_global, 1), all_sum(accelerator, kl_sum) / max(n_global, 1),
+                         float(gn), {k: all_sum(accelerator, v) / accelerator.num_processes for k, v in extra.items()}))
+    for loss, clip, kl, gn, extra in sums:  # means over the steps taken (all of them unless some were skipped)
+        w = 1.0 / len(sums)
+        stats["loss"] += w * loss
+        stats["pg_clipfrac"] += w * clip
+        stats["kl"] += w * kl
+        stats["grad_norm"] += w * gn
+        for k, v in extra.items():
+            stats[k] = stats.get(k, 0.0) + w * v
+    if not sums:  # every step skipped: nothing was measured
+        stats.update(loss=float("nan"), pg_clipfrac=float("nan"), kl=float("nan"), grad_norm=float("nan"))
     raw.eval()
     return stats
 
@@ -402,6 +433,9 @@ class Args:
     """sample and score old log-probs on the merged weights W + s B A (01's merged_lora; float32/64 models only): the
     same function without the LoRA matmuls; the reference pass and the update keep the adapter separate"""
     max_grad_norm: float = 1.0
+    max_skipped_steps: int = 3
+    """a mini-batch whose loss or gradient norm is NaN/inf skips its optimizer step (counted as skipped_steps);
+    this many skipped in a row stop the run, keeping the last good checkpoint"""
     dtype: str = "auto"
     """model weights: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float32 or float64; log-softmax, losses and
     the LoRA weights stay in float32"""
@@ -619,6 +653,13 @@ def evaluate(policy, tok, args):
 EVAL_KEY = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")  # passes on the same tasks
 
 
+def json_line(row):
+    """One JSONL line that any JSON reader takes: NaN and inf (e.g. the log-prob of correct steps when no episode
+    was won, or the loss of an update whose steps were all skipped) are written as null."""
+    clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
+    return json.dumps({k: clean(v) for k, v in row.items()}, allow_nan=False) + "\n"
+
+
 def read_jsonl(file):
     if not os.path.exists(file):
         return []
@@ -701,6 +742,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
     bar = tqdm(range(start, args.updates), desc=label, disable=not accelerator.is_main_process,
                initial=start, total=args.updates)
     saved = start
+    guard = {"streak": 0}  # optimizer steps skipped in a row (update()'s non-finite guard), across updates
     try:
         for update_i in bar:
             t0 = time.time()
@@ -712,7 +754,10 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
                                        share=args.share_prefix, merge=args.merge_lora)
             t_roll = time.time() - t0
             prepare_batch(raw, tok, trajs, samples, advantage_fn, args)
-            stats = update(policy, opt, accelerator, tok, samples, args, aux)
+            try:
+                stats = update(policy, opt, accelerator, tok, samples, args, aux, guard)
+            except NonFiniteStop as e:  # the update in flight is not saved: ckpt/ keeps the last good one
+                raise SystemExit(f"error: update {update_i + 1}: {e}; stopped, {ckpt} holds update {saved}")
             m = R.batch_metrics(trajs)
             m.update(logp_by_outcome(trajs))
             m["reward"] = sum(episode_returns(trajs)) / len(trajs)
@@ -723,7 +768,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
                     m.update(validate(raw, tok, args))
                 accelerator.wait_for_everyone()
             if accelerator.is_main_process:
-                log.write(json.dumps(m) + "\n")
+                log.write(json_line(m))
                 log.flush()
                 accelerator.log(tracker_names(m), step=update_i + 1)
                 bar.set_postfix(succ=f"{m['success']:.2f}", ent=f"{m.get('entropy', 0):.2f}",

@@ -230,6 +230,47 @@ def _expert(goal, v):
     return reach(spot, ("move", held, spot))
 
 
+def _search(goal, v):
+    """Next step of the searching expert: it uses only what the agent is shown, so a model can imitate it from its
+    prompt. It sweeps the receptacles in the order the admissible list shows them (alphabetical by name), from the
+    one after where it stands, opening closed ones; takes a goal object once it sees one (not one already finished in
+    the target); treats it at the first appliance; brings it to the first target receptacle of the asked type; for
+    the lamp task it sweeps on, holding the object, until it stands by a lamp. Holding something else (only an agent
+    that strayed does), it falls back to the all-knowing expert's way of putting it down."""
+    at, held, inr, flags = v["at"], v["holding"], v["inr"], v["flags"]
+    closed = lambda r: ("openable", r) in flags and ("opened", r) not in flags
+    shown = lambda r: r.replace("_", " ")
+    order = sorted(v["rtype"], key=shown)
+    nxt = ("go", next((r for r in order if shown(r) > shown(at)), order[0]) if at else order[0])
+    done = lambda o: v["otype"][o] == goal["obj"] and (not goal["fact"] or (goal["fact"], o) in flags)
+    if held and v["otype"][held] != goal["obj"]:
+        return _expert(goal, v)
+    here = sorted(o for o, r in inr.items() if at and r == at and not closed(at))
+    if goal["toggle"]:
+        lamp = next((o for o in here if v["otype"][o] == goal["toggle"]), None)
+        if held and lamp and ("istoggled", lamp) in flags:
+            return None
+        if held:
+            return ("use", lamp) if lamp else nxt
+        target = None
+    else:
+        target = min((r for r, t in v["rtype"].items() if t == goal["recep"]), key=shown)
+        if sum(done(o) for o, r in inr.items() if r == target) >= goal["n"]:
+            return None
+        if held and not done(held):
+            app = min((r for r, t in v["rtype"].items() if t == goal["appliance"]), key=shown)
+            return ("go", app) if at != app else (goal["verb"], held, app)
+        if held:
+            return ("go", target) if at != target else ("open", target) if closed(target) else ("move", held, target)
+    found = [o for o in here if v["otype"][o] == goal["obj"] and not (at == target and done(o))]
+    if found:
+        return ("take", found[0], at)
+    return ("open", at) if at and closed(at) else nxt
+
+
+EXPERTS = {"oracle": _expert, "search": _search}
+
+
 def _command(step):
     """An expert step as ALFWorld's command text (the twl2 templates)."""
     verb, *ids = step
@@ -259,8 +300,12 @@ def _simulate(v, step):
 class AlfWorldEnv:
     """ALFWorld household task: reset(seed) -> (obs, info); step(action) -> (obs, reward, done, info)."""
 
-    def __init__(self, max_steps=25):
-        self.max_steps = max_steps
+    def __init__(self, max_steps=25, expert="oracle"):
+        """expert: oracle (knows where everything is; its plans are as short as TextWorld's planner's) or search
+        (sees only what the agent sees, see _search)."""
+        if expert not in EXPERTS:
+            raise ValueError(f"unknown ALFWorld expert {expert!r}; choose {' or '.join(EXPERTS)}")
+        self.max_steps, self._expert = max_steps, EXPERTS[expert]
         self._game = _Game(textworld.EnvInfos(admissible_commands=True, won=True))
         self._seed, self._task, self.done, self.steps = None, None, True, 0
 
@@ -275,7 +320,7 @@ class AlfWorldEnv:
         info = self._info(state, True)
         v, plan = _view(self._game._pddl_state.facts), []
         for _ in range(4 * self.max_steps):  # the full plan, by rolling the expert forward
-            step = _expert(self._task["goal"], v)
+            step = self._expert(self._task["goal"], v)
             if step is None:
                 break
             plan.append(_command(step))
@@ -299,7 +344,7 @@ class AlfWorldEnv:
         return obs, reward, self.done, self._info(state, action is not None)
 
     def _info(self, state, valid):
-        step = None if self.done else _expert(self._task["goal"], _view(self._game._pddl_state.facts))
+        step = None if self.done else self._expert(self._task["goal"], _view(self._game._pddl_state.facts))
         return {"task": self._task["task"], "task_type": self._task["task_type"], "won": bool(state["won"]),
                 "admissible_actions": [c for c in state["admissible_commands"] if c != "help"],
                 "is_action_valid": valid, "expert_action": step and _command(step)}

@@ -2,6 +2,7 @@
 
     python tests/dp_update.py OUT.pt
     accelerate launch --multi_gpu --num_processes 2 --main_process_port 29511 tests/dp_update.py OUT.pt
+    DP_NAN_RANK=1 accelerate launch ... tests/dp_update.py OUT.pt   # a NaN loss on rank 1: OUT.pt.rank0/.rank1
 """
 import importlib
 import os
@@ -80,8 +81,22 @@ def main(out):
     policy, opt = acc.prepare(policy, opt)
     # micro_batch 3: one process splits its 8 samples 3+3+2, each of two processes its 4 as 3+1 (no_sync path)
     args = update_args(ppo_epochs=2, micro_batch=3, share_prefix=share)
-    stats = G.update(policy, opt, acc, Tok, samples[acc.process_index::acc.num_processes], args)
-    if acc.is_main_process:
+    nan_rank = int(os.environ.get("DP_NAN_RANK", "-1"))
+    aux = None
+    if nan_rank >= 0:  # a NaN in that rank's loss value alone (detached: its gradients stay finite) in step 1
+        args = update_args(minibatches=2, share_prefix=share)
+        calls = []
+
+        def aux(raw, h, b, adv):
+            calls.append(1)
+            bad = acc.process_index == nan_rank and len(calls) == 1
+            return torch.full_like(b["mask"], float("nan") if bad else 0.0), {}
+    stats = G.update(policy, opt, acc, Tok, samples[acc.process_index::acc.num_processes], args, aux)
+    if nan_rank >= 0:  # every rank writes what it holds: the ranks must agree
+        raw = acc.unwrap_model(policy)
+        torch.save({"params": {k: v.detach().cpu() for k, v in raw.named_parameters() if v.requires_grad},
+                    "stats": stats}, f"{out}.rank{acc.process_index}")
+    elif acc.is_main_process:
         raw = acc.unwrap_model(policy)
         torch.save({"params": {k: v.detach().cpu() for k, v in raw.named_parameters() if v.requires_grad},
                     "stats": stats, "world": acc.num_processes}, out)
