@@ -253,3 +253,75 @@ def test_speed_is_reasonable(env):
         n += 1
     step_s = (time.perf_counter() - start) / n
     assert reset_s < 0.15 and step_s < 0.05, (reset_s, step_s)
+
+
+def search_walk(seeds, stray=0.3, rng_seed=0):
+    """Episodes of the searching expert with a share of random steps (as a sampling agent strays): yields
+    (prompt the agent would read, observation, expert action, info) at every step."""
+    import importlib
+    F = importlib.import_module("01_formats")
+    env, rng = AlfWorldEnv(expert="search"), random.Random(rng_seed)
+    for seed in seeds:
+        obs, info = env.reset(seed)
+        hist, done = [], False
+        while not done and info["expert_action"]:
+            yield F.build_prompt("alfworld", info["task"], obs, info["admissible_actions"], hist, 2), obs, info
+            act = info["expert_action"] if rng.random() > stray else rng.choice(info["admissible_actions"])
+            hist.append((obs, act))
+            obs, _, done, info = env.step(act)
+
+
+def test_search_expert_reads_its_step_off_the_prompt():
+    """What makes it imitable: states the agent cannot tell apart (the same prompt) get the same expert step, also
+    after random steps."""
+    seen, clash = {}, 0
+    for prompt, _, info in search_walk(range(60)):
+        clash += seen.setdefault(prompt, info["expert_action"]) != info["expert_action"]
+    assert clash == 0 and len(seen) > 500
+
+
+def test_search_expert_ignores_what_the_agent_cannot_see():
+    """Hide the objects the agent does not see where it stands somewhere else: the searching expert takes the same
+    step, the all-knowing one often does not."""
+    import copy
+    from envs.alfworld import _search
+    env, rng = AlfWorldEnv(expert="search"), random.Random(1)
+    moved = {"search": 0, "oracle": 0}
+    for seed in range(40):
+        obs, info = env.reset(seed)
+        goal, done = env._task["goal"], False
+        while not done and info["expert_action"]:
+            v = _view(env._game._pddl_state.facts)
+            closed = ("openable", v["at"]) in v["flags"] and ("opened", v["at"]) not in v["flags"]
+            unseen = [o for o, r in v["inr"].items() if r != v["at"] or closed]
+            w = copy.deepcopy(v)
+            for o in unseen:  # not into the target's kind: that could finish the task
+                w["inr"][o] = rng.choice([r for r, t in v["rtype"].items() if r != v["at"] and t != goal["recep"]])
+            strayed = v["holding"] and v["otype"][v["holding"]] != goal["obj"]  # then it falls back to the oracle
+            for name, expert in (("search", _search), ("oracle", _expert)):
+                if strayed:
+                    continue
+                moved[name] += expert(goal, v) != expert(goal, w)
+            act = info["expert_action"] if rng.random() > 0.3 else rng.choice(info["admissible_actions"])
+            obs, _, done, info = env.step(act)
+    assert moved["search"] == 0 and moved["oracle"] > 50, moved
+
+
+def test_search_expert_takes_only_what_it_has_seen_and_wins_in_one_sweep():
+    took = 0
+    for _, obs, info in search_walk(range(60), stray=0.0):
+        m = re.fullmatch(r"take (.+) from (.+)", info["expert_action"])
+        if m:  # the object is named in the observation the step acts on (arriving, or opening the receptacle)
+            assert m.group(1) in obs, (info["expert_action"], obs)
+            took += 1
+    assert took >= 60
+    env = AlfWorldEnv(expert="search")
+    wins = steps = 0
+    for seed in range(60):
+        obs, info = env.reset(seed)
+        done = False
+        while not done:
+            obs, _, done, info = env.step(info["expert_action"])
+        wins, steps = wins + info["won"], steps + env.steps
+    oracle = sum(len(AlfWorldEnv().reset(seed)[1]["expert_plan"]) for seed in range(60))
+    assert wins >= 54 and steps > 1.5 * oracle  # a sweep finds everything within 25 steps, but not the short way

@@ -153,6 +153,52 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(small_base, tmp_path):
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
+def test_persistent_nan_stops_in_one_line_and_the_checkpoint_resumes(small_base, tmp_path, capsys):
+    """NaN advantages from update 2 on: its optimizer steps are skipped, the run stops naming the update, ckpt/ keeps
+    update 1 and metrics.jsonl stays valid JSON; the same command then resumes from update 1."""
+    calls = []
+
+    def poisoned(trajs, args):
+        G.grpo_advantages(trajs, args)
+        calls.append(1)
+        for t in trajs if len(calls) >= 2 else []:
+            for s in t["steps"]:
+                s["adv"] = float("nan")
+        return trajs
+    argv = quick(small_base, tmp_path, "--env", "webshop", "--updates", "3", "--max_skipped_steps", "2",
+                 "--val_every", "0")
+    with pytest.raises(SystemExit) as e:
+        G.train(G.check_args(F.parse_args(G.Args, argv)), poisoned)
+    msg = str(e.value)
+    assert msg.startswith("error: update 2: 2 optimizer steps in a row") and "holds update 1" in msg
+    assert "\n" not in msg
+    with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+        logged = [json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl")) for line in f]
+    assert [r["update"] for r in logged] == [1] and logged[0]["skipped_steps"] == 0
+    import torch
+    policy = R.Policy(F.add_lora(F.load_base(small_base)[0]))
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad])
+    assert G.load_ckpt(policy, opt, os.path.join(tmp_path, "ckpt")) == 1  # the last good update, intact
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    G.main(argv)  # the same command, unpoisoned: resumes at update 2
+    assert [r["update"] for r in rows(tmp_path)] == [1, 2, 3]
+    assert "resuming" in capsys.readouterr().out
+
+
+def test_analysis_reads_a_run_with_skipped_steps(tmp_path):
+    """null where a metric could not be measured (every step of update 2 skipped), as metrics.jsonl writes it."""
+    A = load("06_analysis")
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for u in range(1, 13):
+            row = {"update": u, "entropy": 0.3 + 0.01 * (u % 3), "success": 0.5, "valid_ratio": 0.9, "kl": 0.01,
+                   "loss": 0.1, "grad_norm": 1.0, "skipped_steps": 2 if u == 2 else 0, "logp_correct": None}
+            if u == 2:
+                row.update(loss=None, kl=None, grad_norm=None)
+            f.write(G.json_line(row))
+    res = A.analyse_logs(A.Args(runs=str(tmp_path), out_dir=str(tmp_path / "analysis"), lemmas=False))
+    assert os.path.exists(os.path.join(tmp_path, "analysis", "summary.md")) and res["summary"]
+
+
 def test_trim_logs_cuts_back_to_the_checkpoint(tmp_path):
     (tmp_path / "rollouts").mkdir()
     (tmp_path / "ckpt").mkdir()
