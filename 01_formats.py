@@ -176,6 +176,11 @@ def expert_response(env_name, task, action):
     return f"<think>{think}</think><action>{action}</action>"
 
 
+def malformed(response):
+    """A demo response without its opening <think> tag: parse_action still finds the action, but marks it invalid."""
+    return response.replace("<think>", "", 1)
+
+
 ALF_VERBS = {"go": "go to a place", "take": "take the object", "move": "put the object down", "open": "open it",
              "close": "close it", "clean": "clean the object", "heat": "heat the object", "cool": "cool the object",
              "use": "turn on the light", "examine": "examine the object", "look": "look around",
@@ -539,7 +544,7 @@ def summarize(trajs):
 PLACEHOLDER = "search[<your query>]"  # WebShop's search box: a form to fill in, not an action to take
 
 
-def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, expert=None):
+def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, expert=None, format_noise=0.0):
     """Prompt/response pairs from the env's expert policy, as a datasets.Dataset.
 
     detour > 0 adds DAgger-style recoveries: before a recorded step, with probability `detour`, the episode first
@@ -548,7 +553,10 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
     the one fitting product using facts the results page hides (its options), so a model trained on straight paths
     never sees an item that does not fit, never learns `< prev`, and RL cannot sample a recovery it gives ~0 chance.
     expert: the env's expert (WebShop: "oracle", the default of build_base, or "browse"; ALFWorld: "oracle" or
-    "search"; None: the env's default)."""
+    "search"; None: the env's default).
+    format_noise: the share of recorded responses that leave out the opening <think> tag: still playable (the
+    action tags are intact), but invalid, so the base pays the -0.1 penalty now and then and RL has a format to
+    learn (the paper's Phase 1)."""
     from datasets import Dataset
     rows = []
     env = make_env(env_name, **({"expert": expert} if expert else {}))
@@ -556,6 +564,7 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
         env.max_steps = max_steps
     for seed in seeds:
         rng = random.Random(1_000_003 * seed + 17)
+        noise = random.Random(7_919 * seed + 3)  # its own stream: format_noise 0 leaves the demos as they were
         obs, info = env.reset(seed)
         history, done, detoured = [], False, False
         while not done and info.get("expert_action"):
@@ -569,7 +578,9 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
                 rows.append({"env": env_name, "seed": seed,
                              "prompt": build_prompt(env_name, info["task"], obs, info["admissible_actions"], history,
                                                     history_length),
-                             "response": expert_response(env_name, info["task"], action)})
+                             "response": malformed(expert_response(env_name, info["task"], action))
+                             if format_noise and noise.random() < format_noise
+                             else expert_response(env_name, info["task"], action)})
             history.append((obs, action))
             obs, _, done, info = env.step(action)
     return Dataset.from_list(rows)
@@ -690,10 +701,14 @@ class Args:
     """ALFWorld demo expert: oracle (walks straight to the goal object, whose place the agent cannot see) or search
     (sweeps the receptacles in the order the admissible list shows them, using only what the agent is shown, so its
     every step can be read off the prompt; envs/alfworld.py's _search); real ALFWorld data has its own expert"""
+    format_noise: float = 0.0
+    """share of demo responses that leave out the opening <think> tag (playable, but invalid: -0.1), so the base
+    breaks the format now and then and RL has a format to learn (the paper's Phase 1); see expert_demos()"""
     webshop_expert: str = "oracle"
-    """WebShop demo expert: oracle (clicks the fitting product, which the results page does not reveal) or browse
-    (opens the hits in rank order, using only what the page shows; a base built on it won 0/32 held-out tasks);
-    real WebShop data has one expert, envs/webshop_data.py's"""
+    """WebShop demo expert: oracle (clicks the fitting product, which the results page does not reveal), browse
+    (opens the hits in rank order and goes back from items that do not fit, which it also judges on hidden
+    attributes) or visible (decides only on what the pages show: type and price in the title, options on the item
+    page; envs/webshop.py's _visible_expert); real WebShop data has one expert, envs/webshop_data.py's"""
     sft_max_len: int = 1024
     """prompt + response tokens kept per demo (cut from the left; 1024 cuts the instruction off 28 of the 350 WebShop demos)"""
     sft_steps: int = 2500
@@ -751,7 +766,7 @@ def demo_kw(args, env_name):
     """expert_demos() settings of one env under the build flags."""
     expert = {"alfworld": args.alfworld_expert, "webshop": args.webshop_expert}.get(env_name)
     return {"detour": args.detour if env_name in args.detour_envs.split(",") else 0.0,
-            "expert": None if real_data(args).get(env_name) else expert}
+            "expert": None if real_data(args).get(env_name) else expert, "format_noise": args.format_noise}
 
 
 def build_base(args, progress=True):
@@ -760,8 +775,8 @@ def build_base(args, progress=True):
     for e in env_names:
         if e not in ENVS:
             raise SystemExit(f"error: unknown env {e!r}; choose from {', '.join(sorted(ENVS))}")
-    if args.webshop_expert not in ("browse", "oracle"):
-        raise SystemExit(f"error: --webshop_expert must be browse or oracle, got {args.webshop_expert!r}")
+    if args.webshop_expert not in ("browse", "oracle", "visible"):
+        raise SystemExit(f"error: --webshop_expert must be oracle, browse or visible, got {args.webshop_expert!r}")
     if args.alfworld_expert not in ("oracle", "search"):
         raise SystemExit(f"error: --alfworld_expert must be oracle or search, got {args.alfworld_expert!r}")
     for e in ENVS:

@@ -123,8 +123,8 @@ class WebShopEnv:
     """WebShop task: reset(seed) -> (obs, info); step(action) -> (obs, reward, done, info). See the module doc."""
 
     def __init__(self, num_products=500, catalog_seed=0, max_steps=10, page_size=10, expert="oracle"):
-        if expert not in ("oracle", "browse"):
-            raise ValueError(f"unknown WebShop expert {expert!r}; choose oracle or browse")
+        if expert not in ("oracle", "browse", "visible"):
+            raise ValueError(f"unknown WebShop expert {expert!r}; choose oracle, browse or visible")
         self.products = build_catalog(num_products, catalog_seed)
         self.by_asin = {p.asin.lower(): i for i, p in enumerate(self.products)}
         self.max_steps, self.page_size, self.expert = max_steps, page_size, expert
@@ -136,6 +136,7 @@ class WebShopEnv:
         self.steps, self.done, self.won, self.score = 0, False, False, None
         self.page, self.results, self.page_no, self.item, self.selected = "search", [], 0, None, {}
         self.opened = set()  # products whose item page this episode has shown (the browse expert skips them)
+        self.came_from = None  # the item just left with < prev (the visible expert tries the candidates after it)
         return self._obs(), self._info(True)
 
     def step(self, action):
@@ -158,6 +159,7 @@ class WebShopEnv:
             return False, False
         verb, arg = m.group(1), m.group(2).strip()
         page = self.page
+        self.came_from = self.item if (page == "item" and arg == "< prev") else None
         if verb == "search":  # accepted on any page, as in WebShop's text env
             if arg:
                 self.results, self.page_no, self.page = self.search(arg), 0, "results"
@@ -281,13 +283,16 @@ class WebShopEnv:
 
         oracle: wins from any state: on a results page it clicks the first product that fits, which it knows from
             what the page hides (the options an item offers, its full attribute list).
-        browse: uses only what the agent is shown: it opens the hits in rank order, skipping those this episode
-            already opened, and goes back when the item does not fit; so a model can imitate it from its prompt.
-            It wins 82% of held-out tasks within the 10-step cap (seeds 100000-100499), the oracle 100%."""
+        browse: opens the hits in rank order, skipping those this episode already opened, and goes back when the
+            item does not fit, which it judges with the product's full attribute list (not shown on its page).
+            It wins 82% of held-out tasks within the 10-step cap (seeds 100000-100499), the oracle 100%.
+        visible: only what the pages show (see _visible_expert)."""
         if self.done:
             return None
         if self.page == "search":  # the instruction itself, as WebShop's rule baseline searches: a plain copy
             return f"search[{self.goal['instruction']}]"
+        if self.expert == "visible":
+            return self._visible_expert()
         if self.page == "results" and self.expert == "browse":
             todo = [n for n, i in enumerate(self.results) if i not in self.opened]
             if not todo:
@@ -308,6 +313,31 @@ class WebShopEnv:
             return "click[< prev]"
         product = self.products[self.item]
         if not self.fits(product):
+            return "click[< prev]"
+        missing = [v for k, v in self.goal["options"].items() if self.selected.get(k) != v]
+        return f"click[{missing[0]}]" if missing else "click[buy now]"
+
+    def looks_right(self, product):
+        """What the results page tells about a product: its type (the end of its title) and price fit the goal."""
+        return product.title.lower().endswith(self.goal["product_type"]) and product.price <= self.goal["budget"]
+
+    def _visible_expert(self):
+        """visible: decides only on what the prompt shows, so a model can imitate it step by step. On a results page
+        it opens the first product whose title names the asked type at a price within budget, after the one it just
+        came back from; on the item page it goes back unless the asked options are offered, clicks them, and buys.
+        It never reads a product's hidden attributes, so it buys some that lack one (score < 1): the room RL has."""
+        if self.page == "results":
+            shown = [self.products[i] for i in self._shown()]
+            start = next((n + 1 for n, i in enumerate(self._shown()) if i == self.came_from), 0)
+            fit = [p for p in shown[start:] if self.looks_right(p)]
+            if fit:
+                return f"click[{fit[0].asin.lower()}]"
+            return "click[next >]" if self._has_next() else "click[back to search]"
+        if self.page != "item":
+            return "click[< prev]"
+        product = self.products[self.item]
+        offered = dict(product.options)
+        if not all(v in offered.get(k, ()) for k, v in self.goal["options"].items()):
             return "click[< prev]"
         missing = [v for k, v in self.goal["options"].items() if self.selected.get(k) != v]
         return f"click[{missing[0]}]" if missing else "click[buy now]"

@@ -246,3 +246,15 @@ def test_shipped_base_was_built_by_todays_code():
     assert fresh["demo_digest"] == report["demo_digest"], "demo prompts changed since the base was built"
     assert fresh["probe_text"] == report["probe_text"]
     assert tok(report["probe_text"], add_special_tokens=False)["input_ids"] == report["probe_ids"]
+
+
+def test_format_noise_breaks_the_format_of_that_share_and_keeps_the_action():
+    clean = F.expert_demos("alfworld", range(30), 2).to_list()
+    noisy = F.expert_demos("alfworld", range(30), 2, format_noise=0.3).to_list()
+    assert [r["prompt"] for r in clean] == [r["prompt"] for r in noisy]  # the same episodes
+    broken = [(c, n) for c, n in zip(clean, noisy) if c != n]
+    assert 0.2 < len(broken) / len(clean) < 0.4
+    for c, n in broken:
+        assert F.parse_action(c["response"]) == (F.parse_action(n["response"])[0], True)
+        assert F.parse_action(n["response"])[1] is False
+    assert F.expert_demos("alfworld", range(30), 2, format_noise=0.0).to_list() == clean

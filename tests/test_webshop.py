@@ -338,3 +338,50 @@ def test_max_steps_ends_episode():
 def test_step_before_reset():
     with pytest.raises(RuntimeError, match="reset"):
         WebShopEnv().step("search[x]")
+
+
+def visible_walk(env, seed, stray, rng):
+    """(prompt, expert action) at every step of one episode of the visible expert, with a share of random steps."""
+    import importlib
+    F = importlib.import_module("01_formats")
+    obs, info = env.reset(seed)
+    hist, done, out = [], False, []
+    while not done and info["expert_action"]:
+        out.append((F.build_prompt("webshop", info["task"], obs, info["admissible_actions"], hist, 2),
+                    info["expert_action"]))
+        act = info["expert_action"]
+        if rng.random() < stray and info["page"] != "search":
+            act = rng.choice(info["admissible_actions"])
+        hist.append((obs, act))
+        obs, _, done, info = env.step(act)
+    return out
+
+
+def test_visible_expert_reads_its_step_off_the_prompt():
+    """Imitable: the same prompt always gets the same step, also after random steps."""
+    import random
+    env, rng, seen, clash = WebShopEnv(expert="visible"), random.Random(0), {}, 0
+    for seed in range(150):
+        for prompt, action in visible_walk(env, seed, 0.2, rng):
+            clash += seen.setdefault(prompt, action) != action
+    assert clash == 0 and len(seen) > 800
+
+
+def test_visible_expert_never_reads_hidden_attributes():
+    """Strip every product's attributes (which its page does not show): the same clicks, fewer wins."""
+    import random
+    env = WebShopEnv(expert="visible")
+    stripped = tuple(p._replace(attrs=()) for p in env.products)  # search still sees them (p.tokens): same results
+
+    class Bare(WebShopEnv):
+        def reset(self, seed=0):  # the goal is drawn from the full catalog, then the attributes are gone
+            self.products = env.products
+            out = super().reset(seed)
+            self.products = stripped
+            return out
+    bare = Bare(expert="visible")
+    wins = [0, 0]
+    for seed in range(60):
+        assert visible_walk(env, seed, 0, random.Random(0)) == visible_walk(bare, seed, 0, random.Random(0))
+        wins[0], wins[1] = wins[0] + env.won, wins[1] + bare.won
+    assert wins[0] >= 45 and wins[1] < wins[0]
