@@ -410,7 +410,7 @@ def shared_prefill(model, enc, prompts, max_new_tokens):
     from transformers import StaticCache
     first = {}
     owner = torch.tensor([first.setdefault(p, len(first)) for p in prompts], device=enc["input_ids"].device)
-    rows = torch.tensor([prompts.index(p) for p in first], device=owner.device)
+    rows = torch.tensor([prompts.index(p) for p in first], device=owner.device)  # prompts: any keys, equal = shared
     attn = enc["attention_mask"][rows, :-1]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # generate's own position ids for left padding
     # the body, not the LM: only keys/values are needed, and logits at every prompt position cost a tenth of a turn
@@ -443,6 +443,63 @@ def generate(model, tok, prompts, temperature, max_new_tokens, share=True):
     return responses
 
 
+@torch.no_grad()
+def sample(model, tok, prompts, temperature, max_new_tokens, share=True, scores=False):
+    """generate() without transformers' generation loop: the same tokens for the same seed (the same prefill, the
+    same forward per new token, softmax(z / T) and torch.multinomial over the whole batch; argmax at T = 0), and
+    none of generate's per-token machinery (processors, stopping criteria, cache bookkeeping), which costs more
+    than the tiny model's arithmetic. Rows that have stopped feed the pad token, as in generate.
+
+    scores: also return, per row, what 02's score() computes for the response under the same weights, read off
+    the decoding forwards instead of a second pass: old_logp and entropy of each response token (from the unscaled
+    logits, whatever T), and hidden_mean, the mean last-layer state at the response tokens (the state at y_k comes
+    from the forward that reads y_k, so one extra forward reads the last sampled tokens). The same function as the
+    scoring pass up to summation order (tests/test_share.py: 1e-8 in float64).
+    Returns the responses (token ids, end-of-turn kept), and with scores the list of per-row score dicts."""
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    device = next(model.parameters()).device
+    ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    B, P = ids.shape
+    body, head = body_and_head(model)
+    cache = shared_prefill(model, {"input_ids": ids, "attention_mask": attn}, prompts if share else list(range(B)),
+                           max_new_tokens + 1)  # + 1: room for the forward that reads the last sampled tokens
+    mask = torch.cat([attn, attn.new_zeros(B, max_new_tokens + 1)], 1)
+    pos = attn.sum(-1, keepdim=True) - 1  # left padding: a token's position counts the real tokens before it
+    stops = torch.tensor(eos_ids(tok), device=device)
+    cur, done, out, logps, ents, states = ids[:, -1:], torch.zeros(B, dtype=torch.bool, device=device), [], [], [], []
+    for t in range(max_new_tokens + 1):
+        h = body(input_ids=cur, attention_mask=mask[:, :P + t], position_ids=pos + t, cache=cache,
+                 use_cache=True).last_hidden_state[:, -1]
+        if t:
+            states.append(h)  # the state at y_t
+        if t == max_new_tokens or (t and done.all()):
+            break
+        z = head(h)
+        logits = z.float()  # generate samples from float32 logits, whatever the model's dtype
+        nxt = (torch.multinomial(Fn.softmax(logits / temperature, -1), 1).squeeze(1) if temperature > 0
+               else logits.argmax(-1))
+        nxt = torch.where(done, tok.pad_token_id, nxt)
+        if scores:  # as 02's Policy scores: in the model's dtype, half precision upcast
+            logp_all = Fn.log_softmax(z.float() if z.dtype in (torch.float16, torch.bfloat16) else z, -1)
+            logps.append(logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1))
+            ents.append(-(logp_all.exp() * logp_all).sum(-1))
+        out.append(nxt)
+        mask[:, P + t] = 1
+        done = done | torch.isin(nxt, stops)
+        cur = nxt.unsqueeze(1)
+    stop_set, responses = set(stops.tolist()), []
+    for row in torch.stack(out, 1).tolist():
+        responses.append(row[:next((i + 1 for i, x in enumerate(row) if x in stop_set), len(row))])
+    if not scores:
+        return responses
+    logps, ents, states = torch.stack(logps, 1).tolist(), torch.stack(ents, 1).tolist(), torch.stack(states, 1)
+    lens = torch.tensor([len(r) for r in responses], device=device)
+    keep = (torch.arange(states.shape[1], device=device) < lens.unsqueeze(1)).unsqueeze(-1).to(states.dtype)
+    hbar = ((states * keep).sum(1) / keep.sum(1).clamp(min=1)).tolist()
+    return responses, [{"old_logp": lp[:n], "entropy": en[:n], "hidden_mean": hb}
+                       for lp, en, hb, n in zip(logps, ents, hbar, lens.tolist())]
+
+
 _POOL = {}
 EVAL_SPLIT = {"alfworld": "valid_seen", "webshop": "test"}  # verl-agent's held-out split of the real data
 
@@ -473,9 +530,11 @@ def env_pool(env_name, n, env_kw=None):
 
 
 def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=None, history_length=2,
-         max_new_tokens=64, progress=False, share=True, env_kw=None, merge=True):
-    """Run len(seeds) x group_size episodes in lock step, one batched generate per env step (share: generate's;
-    merge: sample from the merged LoRA weights, merged_lora()).
+         max_new_tokens=64, progress=False, share=True, env_kw=None, merge=True, lean=True, scores=False):
+    """Run len(seeds) x group_size episodes in lock step, one batched sampling call per env step (share: the
+    prefill's; merge: sample from the merged LoRA weights, merged_lora(); lean: sample() instead of transformers'
+    generate, the same tokens; scores: each step also gets old_logp, entropy and hidden_mean from the sampling
+    forwards, see sample(); needs lean).
 
     Returns one trajectory (dict) per episode: seed, group (index of its task), won, and steps, each step with the
     prompt text, response ids/text, the action, validity, env reward, the raw observation the step acted on (GiGPO's
@@ -505,9 +564,13 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
             prompts = [chat(tok, build_prompt(env_name, state[i][1]["task"], state[i][0],
                                               state[i][1]["admissible_actions"], state[i][2], history_length))
                        for i in active]
-            responses = generate(model, tok, prompts, temperature, max_new_tokens, share)
+            if lean:
+                responses = sample(model, tok, prompts, temperature, max_new_tokens, share, scores)
+                responses, scored = responses if scores else (responses, [{}] * len(prompts))
+            else:
+                responses, scored = generate(model, tok, prompts, temperature, max_new_tokens, share), [{}] * len(prompts)
             still = []
-            for i, prompt, resp in zip(active, prompts, responses):
+            for i, prompt, resp, sc in zip(active, prompts, responses, scored):
                 obs, info, history = state[i]
                 text = tok.decode(resp, skip_special_tokens=True)
                 action, valid = parse_action(text, env_name)  # executed even when invalid: validity only costs 0.1
@@ -517,7 +580,7 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
                     "reward": float(reward), "obs": obs, "done": bool(done),
                     "truncated": len(resp) >= max_new_tokens and resp[-1] not in stops,  # cut at max_new_tokens
                     "extras": {k: next_info.get(k) for k in ("hallucinated", "option_click", "score")
-                               if k in next_info}})
+                               if k in next_info}, **sc})
                 history = history + [(obs, action)]
                 state[i] = (next_obs, next_info, history)
                 if next_info.get("won"):
@@ -898,8 +961,15 @@ def main(argv=None):
                      max_new_tokens=args.max_new_tokens, progress=True,
                      env_kw={"split": EVAL_SPLIT[e]} if e in real_data(args) else None)
         results[e] = summarize(trajs)
+        # the same number of its own demo tasks: a base that memorised them wins far more there than held out
+        n = min(args.eval_tasks, args.demo_tasks)
+        demo = summarize(play(model, tok, e, list(range(n)), temperature=args.eval_temperature,
+                              history_length=args.history_length, max_new_tokens=args.max_new_tokens, progress=True,
+                              env_kw={"split": "train"} if e in real_data(args) else None))
+        results[e].update(demo_success=demo["success"], demo_valid_ratio=demo["valid_ratio"], demo_tasks=n)
         print(f"{e}: held-out success={results[e]['success']:.3f} valid_ratio={results[e]['valid_ratio']:.3f} "
-              f"mean_steps={results[e]['mean_steps']:.1f} (T={args.eval_temperature}, {args.eval_tasks} tasks)")
+              f"mean_steps={results[e]['mean_steps']:.1f} (T={args.eval_temperature}, {args.eval_tasks} tasks); "
+              f"its demo tasks: success={demo['success']:.3f} ({n} tasks)")
     with open(os.path.join(base_dir(args), "eval.json"), "w") as f:
         json.dump(results, f, indent=1)
     return results

@@ -143,11 +143,15 @@ def batch_metrics(trajs):
 
 # --------------------------------------------------------------------------------------------- collection
 def collect(policy, tok, env_name, seeds, group_size, temperature, max_steps, history_length, max_new_tokens,
-            progress=False, share=True, merge=True):
-    """play() from 01 + scoring. Returns (trajectories, flat step samples)."""
+            progress=False, share=True, merge=True, lean=True):
+    """play() from 01 + scoring. Returns (trajectories, flat step samples).
+    lean: 01's sample() reads the scores off the sampling forwards, so the scoring pass is not run (the same
+    numbers up to summation order); otherwise score() runs over the finished batch."""
     trajs = F.play(policy.lm, tok, env_name, seeds, group_size, temperature, max_steps, history_length,
-                   max_new_tokens, progress, share, merge=merge)
-    samples = score(policy, tok, flatten(trajs, tok), share=share, merge=merge)
+                   max_new_tokens, progress, share, merge=merge, lean=lean, scores=lean)
+    samples = flatten(trajs, tok)
+    if not lean:
+        score(policy, tok, samples, share=share, merge=merge)
     for s in samples:  # scores go back onto the trajectories so saved records carry them
         trajs[s["traj"]]["steps"][s["step"]].update(
             {k: s[k] for k in ("prompt_ids", "old_logp", "entropy", "hidden_mean")})

@@ -277,15 +277,18 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     clock = time.perf_counter
     out, trajs = {"env": args.env, "tasks": args.tasks, "group_size": args.group_size,
                   "threads": torch.get_num_threads()}, {}
-    for share in (False, True):
+    for share in (False, True):  # fast: also lean sampling, which scores the steps as it samples them
         torch.manual_seed(args.seed)
         t0 = clock()
         trajs[share] = F.play(policy.lm, tok, args.env, seeds, args.group_size, args.temperature,
                               args.max_steps or None, args.history_length, args.max_new_tokens, share=share,
-                              merge=share)
+                              merge=share, lean=share and args.lean_sampling, scores=share and args.lean_sampling)
         out[f"rollout_s_{'fast' if share else 'plain'}"] = clock() - t0
     out["rollout_steps_plain"] = sum(len(t["steps"]) for t in trajs[False])
     out["rollout_steps_fast"] = sum(len(t["steps"]) for t in trajs[True])
+    lean_steps = [s for t in trajs[True] for s in t["steps"]]
+    out["same_rollout"] = [s["response_ids"] for s in lean_steps] == [s["response_ids"] for t in trajs[False]
+                                                                       for s in t["steps"]]
     trajs = trajs[False]
     samples = R.flatten(trajs, tok)
     prompt = sum(len(s["prompt_ids"]) for s in samples)
@@ -323,6 +326,12 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     diff = lambda k: max(abs(a - b) for x, y in zip(scored[False], scored[True])  # noqa: E731
                          for a, b in zip(torch.tensor(x[k]).flatten().tolist(), torch.tensor(y[k]).flatten().tolist()))
     out["max_abs_diff_scores"] = {k: diff(k) for k in ("old_logp", "entropy", "hidden_mean", "ref_logp")}
+    if args.lean_sampling:  # the fast path's scores come from its rollout; the scoring pass above is not run there
+        out["score_s_fast"] = 0.0
+        if out["same_rollout"]:
+            out["max_abs_diff_rollout_scores"] = {k: max(abs(a - b) for x, y in zip(scored[False], lean_steps)
+                                                         for a, b in zip(x[k], y[k]))
+                                                  for k in ("old_logp", "entropy", "hidden_mean")}
     for s in scored[False]:  # the scores land on the trajectories, as collect() puts them, for GiGPO and SEAL
         trajs[s["traj"]]["steps"][s["step"]].update({k: s[k] for k in ("old_logp", "entropy", "hidden_mean")})
     advantage_fn(trajs, args)
@@ -351,10 +360,11 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     for name in ("plain", "fast"):
         out[f"total_s_{name}"] = sum(out[f"{p}_s_{name}"] for p in ("rollout", "score", "reference", "update"))
         for p in ("score", "reference", "update"):
-            out[f"{p}_tokens_per_s_{name}"] = tokens / out[f"{p}_s_{name}"]
+            out[f"{p}_tokens_per_s_{name}"] = tokens / out[f"{p}_s_{name}"] if out[f"{p}_s_{name}"] else None
+        out[f"total_over_plain_forward_{name}"] = out[f"total_s_{name}"] / out["plain_forward_s"]
     out["plain_forward_tokens_per_s"] = tokens / out["plain_forward_s"]
     for p in ("rollout", "score", "reference", "update", "total"):
-        out[f"speedup_{p}"] = out[f"{p}_s_plain"] / out[f"{p}_s_fast"]
+        out[f"speedup_{p}"] = out[f"{p}_s_plain"] / out[f"{p}_s_fast"] if out[f"{p}_s_fast"] else None
     out["hours_150_updates_plain"] = 150 * out["total_s_plain"] / 3600
     out["hours_150_updates_fast"] = 150 * out["total_s_fast"] / 3600
     print(f"{args.env}: {len(samples)} steps, {len(distinct)} distinct prompts, {prompt} prompt tokens "
@@ -363,8 +373,11 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
           f"tokens/s)")
     print(f"{'phase':10} {'plain s':>8} {'fast s':>7} {'speed-up':>8} {'fast tokens/s':>13}")
     for p in ("rollout", "score", "reference", "update", "total"):
-        tps = f"{out[p + '_tokens_per_s_fast']:13.0f}" if p + "_tokens_per_s_fast" in out else ""
-        print(f"{p:10} {out[p + '_s_plain']:8.2f} {out[p + '_s_fast']:7.2f} {out['speedup_' + p]:7.2f}x {tps}")
+        tps = f"{out[p + '_tokens_per_s_fast']:13.0f}" if out.get(p + "_tokens_per_s_fast") else ""
+        up = f"{out['speedup_' + p]:7.2f}x" if out["speedup_" + p] else "   (in rollout)"
+        print(f"{p:10} {out[p + '_s_plain']:8.2f} {out[p + '_s_fast']:7.2f} {up} {tps}")
+    print(f"total over the plain forward: plain {out['total_over_plain_forward_plain']:.2f}x, fast "
+          f"{out['total_over_plain_forward_fast']:.2f}x")
     print(json.dumps(out))
     return out
 
@@ -429,6 +442,9 @@ class Args:
     share_prefix: bool = True
     """run each distinct prompt of a micro-batch once and its responses on its cached keys/values, in every pass
     (scoring, reference, update): the same numbers, fewer tokens (01's pack_shared)"""
+    lean_sampling: bool = True
+    """sample with 01's own decoding loop instead of transformers' generate (the same tokens for the same seed) and
+    read old log-probs, entropies and hidden means off its forwards, so 02's scoring pass does not run"""
     merge_lora: bool = True
     """sample and score old log-probs on the merged weights W + s B A (01's merged_lora; float32/64 models only): the
     same function without the LoRA matmuls; the reference pass and the update keep the adapter separate"""
@@ -537,7 +553,8 @@ def validate(policy, tok, args, progress=False, per_seed=False):
     seeds = list(range(args.val_seed, args.val_seed + args.val_tasks))
     trajs = F.play(policy.lm, tok, args.env, seeds, 1, args.val_temperature, args.max_steps or None,
                    args.history_length, args.max_new_tokens, progress=progress,
-                   env_kw={"split": args.eval_split} if args.data else None, merge=args.merge_lora)
+                   env_kw={"split": args.eval_split} if args.data else None, merge=args.merge_lora,
+                   lean=args.lean_sampling)
     m = F.summarize(trajs)
     out = {"val_success": m["success"], "val_valid_ratio": m["valid_ratio"], "val_mean_steps": m["mean_steps"]}
     if per_seed:  # one 0/1 per seed, in seed order, so that two policies can be compared task by task
@@ -751,7 +768,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
             torch.manual_seed(args.seed * 1_000_003 + update_i * world + rank)
             trajs, samples = R.collect(raw, tok, args.env, seeds[rank::world], args.group_size, args.temperature,
                                        args.max_steps or None, args.history_length, args.max_new_tokens,
-                                       share=args.share_prefix, merge=args.merge_lora)
+                                       share=args.share_prefix, merge=args.merge_lora, lean=args.lean_sampling)
             t_roll = time.time() - t0
             prepare_batch(raw, tok, trajs, samples, advantage_fn, args)
             try:

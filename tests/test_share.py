@@ -134,7 +134,10 @@ def test_bench_speed_times_both_paths_on_the_same_batch(capsys):
     assert 0 < out["tokens_saved"] < 1
     assert max(out["max_abs_diff_scores"].values()) < 1e-4
     assert abs(out["max_abs_diff_update"]["loss"]) < 1e-5
-    assert all(out[f"{p}_s_{n}"] > 0 for p in ("rollout", "score", "reference", "update") for n in ("plain", "fast"))
+    assert all(out[f"{p}_s_{n}"] > 0 for p in ("rollout", "score", "reference", "update") for n in ("plain", "fast")
+               if (p, n) != ("score", "fast"))
+    assert out["score_s_fast"] == 0 and out["same_rollout"]  # lean sampling: the scores come with the rollout
+    assert max(out["max_abs_diff_rollout_scores"].values()) < 1e-4
     assert "speed-up" in capsys.readouterr().out
 
 
@@ -187,3 +190,50 @@ def test_merged_rollout_samples_the_same_tokens():
     with lm.disable_adapter():
         trajs = F.play(lm, tok, "alfworld", [1, 2], group_size=2, max_steps=3, max_new_tokens=24, merge=False)
     assert [s["response_ids"] for t in trajs for s in t["steps"]] != out[0]  # the adapter changes what is drawn
+
+
+def env_prompts(tok, seeds=(3, 4, 5)):
+    """First-step ALFWorld prompts, each repeated 2-3 times as a task's G episodes start."""
+    env, prompts = F.make_env("alfworld"), []
+    for seed in seeds:
+        obs, info = env.reset(seed)
+        text = F.build_prompt("alfworld", info["task"], obs, info["admissible_actions"], [], 2)
+        prompts += [F.chat(tok, text)] * (2 + seed % 2)
+    return prompts
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.4, 1.0])
+@pytest.mark.parametrize("share", [False, True])
+def test_lean_sampling_draws_what_generate_draws(temperature, share):
+    """01's sample() against transformers' generate(): the same tokens for the same seed (float64: no near-tie can
+    flip), over several calls in a row (the random stream is consumed the same way)."""
+    model, tok = F.load_base("tiny", progress=False)
+    model = copy.deepcopy(model).double().eval()
+    prompts = env_prompts(tok)
+    out = []
+    for fn in (F.generate, F.sample):
+        torch.manual_seed(7)
+        out.append([fn(model, tok, prompts, temperature, 24, share=share) for _ in range(2)])
+    assert out[0] == out[1]
+    assert len({tuple(r) for r in out[0][0]}) > 1
+
+
+@pytest.mark.parametrize("merge,max_new", [(False, 40), (True, 40), (True, 12)])
+def test_lean_rollout_scores_equal_the_scoring_pass(merge, max_new, monkeypatch):
+    """play(scores=True) reads old_logp, entropy and hidden_mean off the sampling forwards; 02's score() computes
+    them in a pass of its own over the finished steps: equal to 1e-8 in float64, truncated responses included."""
+    from transformers.models.qwen2 import modeling_qwen2
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", dp_update.rmsnorm_in_input_dtype)
+    model, tok = F.load_base("tiny", progress=False)
+    lm = dp_update.move_adapter(F.add_lora(copy.deepcopy(model).double(), r=4).eval())
+    policy = R.Policy(lm)
+    torch.manual_seed(3)
+    trajs = F.play(lm, tok, "alfworld", [1, 2], group_size=2, max_steps=3, max_new_tokens=max_new, merge=merge,
+                   scores=True)
+    samples = R.flatten(trajs, tok)
+    passed = R.score(policy, tok, copy.deepcopy(samples), merge=False)
+    ended = [not s["truncated"] for s in samples]  # by end-of-turn, or cut at the cap
+    assert any(ended) if max_new == 40 else not all(ended)
+    for a, b in zip(samples, passed):
+        for k in ("old_logp", "entropy", "hidden_mean"):
+            assert torch.allclose(torch.tensor(a[k]), torch.tensor(b[k]), **TOL), k
