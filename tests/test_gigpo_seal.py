@@ -176,7 +176,7 @@ def test_head_seconds_times_the_head_and_leaves_no_gradients():
 
 # --------------------------------------------------------------------------------------------- EMPG
 def slow_empg(trajs, k=1.0, k_next=1.0, zeta=0.05):
-    """EMPG as the issue and shared/README.md state it, over a flat list of step rows with plain loops.
+    """EMPG as shared/README.md states it, over a flat list of step rows with plain loops.
     trajs carry 'adv' and token entropies on each step; returns {(traj, step): modulated advantage}."""
     rows = []  # (traj, step, H_t, A_t)
     for i, t in enumerate(trajs):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 25, held-out scores of the matrix: the base once, then each finished run's final adapter, on the same
+# Held-out scores of the matrix: the base once, then each finished run's final adapter, on the same
 # held-out seeds (val_seed 100000 ..., T 0.4, the same sampling seed), so 03's --eval_ckpt pairs each run with the
 # base task by task (eval.jsonl's vs_base). The eval.jsonl of each run is copied to results/matrix/<run>/.
-# Usage: bash results/matrix/eval.sh N run...   (N held-out tasks; the issue asks for 512)
+# Usage: bash results/matrix/eval.sh N run...   (N held-out tasks; the reported numbers use 512)
 set -eu
 cd "$(dirname "$0")/../.."
 n=$1; shift

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25, step 3: the matrix in the setting step 2 chose (ALFWorld, the 4 fixed train tasks 0-3 x 4 episodes,
+# The matrix, in the setting sweep step 2 chose (ALFWorld, the 4 fixed train tasks 0-3 x 4 episodes,
 # lr 2e-3, 40 updates; see results/README.md for why): a no-learning control, GRPO, GRPO + SEAL, GiGPO, GiGPO + SEAL.
 # Every run plays the same four tasks; the seed sets the sampling and the LoRA init. Each run
 # checkpoints every update, so rerunning this script resumes; a finished run's small logs (args.json, metrics.jsonl)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25, steps 1-2 on ALFWorld: a no-learning control, GRPO and GRPO + SEAL, one seed (same task draws).
+# Sweep steps 1-2 on ALFWorld: a no-learning control, GRPO and GRPO + SEAL, one seed (same task draws).
 # Each run checkpoints every update: rerunning this script resumes where it stopped.
 set -u
 cd "$(dirname "$0")/../.."
@@ -7,5 +7,5 @@ common="--env alfworld --tasks 2 --group_size 8 --updates ${UPDATES:-40} --val_e
 python 03_grpo.py $common --lr 0 --out_dir runs/sweep/alfworld-lr0-s0 || exit 1
 python 03_grpo.py $common --lr 3e-3 --out_dir runs/sweep/alfworld-grpo-lr3e-3-s0 || exit 1
 python 05_seal.py $common --lr 3e-3 --out_dir runs/sweep/alfworld-grpo+seal-lr3e-3-s0 || exit 1
-# Step 2, lower lr (session 32): does GRPO learn before it erupts at lr 1e-3?
+# Step 2, lower lr: does GRPO learn before it erupts at lr 1e-3?
 python 03_grpo.py $common --lr 1e-3 --out_dir runs/sweep/alfworld-grpo-lr1e-3-s0 || exit 1
