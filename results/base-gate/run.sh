@@ -11,7 +11,7 @@ flags="--env $env --model $model --seed ${SEED:-0} --tasks 4 --group_size 8 --up
        --rollouts_every 10 --snapshot_every 20"
 eval_flags="--env $env --model $model --val_tasks ${TASKS:-512} --seed ${SEED:-0}"
 mkdir -p runs/base-gate
-for run in grpo lr0; do
+for run in ${RUNS:-grpo lr0}; do  # RUNS=grpo and RUNS=lr0 in two shells run them side by side
   out="runs/base-gate/$env-$name-$run"
   lr=${LR:-1e-3}; [ "$run" = lr0 ] && lr=0
   python 03_grpo.py $flags --lr "$lr" --out_dir "$out" >/dev/null 2>"$out.log"
