@@ -928,6 +928,15 @@ def field_help(cls):
     return helps
 
 
+def boolean(text):
+    """A flag's true/false: a typo such as `flase` is an error, not a silent False."""
+    import argparse
+    low = text.lower()
+    if low not in ("1", "true", "yes", "0", "false", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return low in ("1", "true", "yes")
+
+
 def parse_args(cls, argv=None):
     """Dataclass -> argparse; a bad flag is argparse's one-line usage error."""
     import argparse
@@ -938,8 +947,7 @@ def parse_args(cls, argv=None):
     for f in dataclasses.fields(cls):
         kind = type(f.default)
         if kind is bool:
-            kind = lambda s: s.lower() in ("1", "true", "yes")  # noqa: E731
-            p.add_argument(f"--{f.name}", type=kind, nargs="?", const=True, default=f.default,
+            p.add_argument(f"--{f.name}", type=boolean, nargs="?", const=True, default=f.default,
                            help=helps.get(f.name, " "))
         else:
             p.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps.get(f.name, " "))

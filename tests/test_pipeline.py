@@ -101,6 +101,7 @@ def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
     (["03_grpo.py", "--model", "/no/such/checkpoint"], "cannot load model '/no/such/checkpoint'"),
     (["04_gigpo.py", "--group_size", "1"], "--group_size must be >= 2"),
     (["03_grpo.py", "--lr", "fast"], "invalid float value"),
+    (["03_grpo.py", "--merge_lora", "flase"], "expected true or false, got 'flase'"),
     (["03_grpo.py", "--eval_ckpt", "/no/such/state.pt"], "no checkpoint file '/no/such/state.pt'"),
     (["03_grpo.py", "--val_seed", "7"], "--val_seed 7 lies in the train pool"),
     (["03_grpo.py", "--train_seeds", "3,x"], "--train_seeds must be comma-separated integers"),
