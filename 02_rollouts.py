@@ -12,7 +12,9 @@ and per batch the degenerate-pattern rates of the paper:
     frac_reward_zero_std = share of task groups whose G episode returns are all equal (no episode advantage)
     clip_ratio_response  = share of responses that hit --max_new_tokens without an end-of-turn token
 
-Scoring runs length-sorted micro-batches of 16 and, by default, each distinct prompt once (01's pack_shared, exact).
+By default (--lean_sampling in 03) these scores are read off the sampling forwards themselves (01's sample());
+otherwise score() runs length-sorted micro-batches of 16 over the finished batch, each distinct prompt once (01's
+pack_shared, exact).
 
 Deviations from the reference (verl-agent): responses are capped at --max_new_tokens 64 (verl-agent: 512), enough
 for the embedded default's one-sentence thoughts; nothing else (the prompts and the projection are 01's copies).

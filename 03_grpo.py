@@ -29,6 +29,11 @@ Deviations from the reference (verl-agent), each a flag:
                            prompt, as verl does); it changes speed only, so it is not a deviation of the math
     --merge_lora true      the rollout and the old log-prob pass run on the merged weights W + s B A (01's
                            merged_lora), the same function without the LoRA matmuls; speed only, like the above
+    --lean_sampling true   01's own decoding loop instead of transformers' generate (the same tokens for the same
+                           seed), which also reads the old log-probs, entropies and hidden means off its forwards, so
+                           02's scoring pass does not run (the same numbers up to summation order); speed only
+A mini-batch whose loss or gradient norm is not finite skips its optimizer step on every process (as verl skips a
+step with a non-finite gradient norm), counted as skipped_steps; --max_skipped_steps in a row stop the run.
 
 Logs: metrics.jsonl (one row an update), trackers through Accelerate (--report_to tensorboard|wandb|none) under the
 names TRL and verl-agent users know (TRACKER_NAMES), ckpt/state.pt every update (LoRA, SEAL head, optimizer: the
