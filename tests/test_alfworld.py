@@ -275,9 +275,9 @@ def test_search_expert_reads_its_step_off_the_prompt():
     """What makes it imitable: states the agent cannot tell apart (the same prompt) get the same expert step, also
     after random steps."""
     seen, clash = {}, 0
-    for prompt, _, info in search_walk(range(60)):
+    for prompt, _, info in search_walk(range(40)):
         clash += seen.setdefault(prompt, info["expert_action"]) != info["expert_action"]
-    assert clash == 0 and len(seen) > 500
+    assert clash == 0 and len(seen) > 300
 
 
 def test_search_expert_ignores_what_the_agent_cannot_see():
@@ -309,19 +309,19 @@ def test_search_expert_ignores_what_the_agent_cannot_see():
 
 def test_search_expert_takes_only_what_it_has_seen_and_wins_in_one_sweep():
     took = 0
-    for _, obs, info in search_walk(range(60), stray=0.0):
+    for _, obs, info in search_walk(range(40), stray=0.0):
         m = re.fullmatch(r"take (.+) from (.+)", info["expert_action"])
         if m:  # the object is named in the observation the step acts on (arriving, or opening the receptacle)
             assert m.group(1) in obs, (info["expert_action"], obs)
             took += 1
-    assert took >= 60
+    assert took >= 40
     env = AlfWorldEnv(expert="search")
     wins = steps = 0
-    for seed in range(60):
+    for seed in range(40):
         obs, info = env.reset(seed)
         done = False
         while not done:
             obs, _, done, info = env.step(info["expert_action"])
         wins, steps = wins + info["won"], steps + env.steps
-    oracle = sum(len(AlfWorldEnv().reset(seed)[1]["expert_plan"]) for seed in range(60))
-    assert wins >= 54 and steps > 1.5 * oracle  # a sweep finds everything within 25 steps, but not the short way
+    oracle = sum(len(AlfWorldEnv().reset(seed)[1]["expert_plan"]) for seed in range(40))
+    assert wins >= 36 and steps > 1.5 * oracle  # a sweep finds everything within 25 steps, but not the short way
