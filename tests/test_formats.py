@@ -220,7 +220,7 @@ def test_an_invalid_format_response_with_a_winning_action_still_wins(monkeypatch
             return ids
 
     replies = iter(f"<action>{a.upper()}</action>" for a in plan)  # no think tags, upper case
-    monkeypatch.setattr(F, "generate", lambda model, tok, prompts, *a: [next(replies) for _ in prompts])
+    monkeypatch.setattr(F, "sample", lambda model, tok, prompts, *a, **k: [next(replies) for _ in prompts])
     traj, = F.play(None, Tok(), "webshop", [7], temperature=1.0)
     assert traj["won"] and len(traj["steps"]) == len(plan) and not any(s["valid"] for s in traj["steps"])
     assert [s["action"] for s in traj["steps"]] == plan and traj["steps"][-1]["reward"] == 10.0
