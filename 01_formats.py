@@ -435,12 +435,13 @@ def generate(model, tok, prompts, temperature, max_new_tokens, share=True):
     out = model.generate(**enc, do_sample=sample, temperature=temperature if sample else None, top_p=1.0, top_k=0,
                          max_new_tokens=max_new_tokens, eos_token_id=eos_ids(tok), pad_token_id=tok.pad_token_id,
                          use_cache=True, cache=cache)
-    stops = set(eos_ids(tok))
-    responses = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
-        responses.append(row[:cut])
-    return responses
+    return cut_at_stop(out[:, enc["input_ids"].shape[1]:].tolist(), eos_ids(tok))
+
+
+def cut_at_stop(rows, stops):
+    """Each sampled row up to and including its first end-of-turn id (the whole row when it has none)."""
+    stops = set(stops)
+    return [row[:next((i + 1 for i, t in enumerate(row) if t in stops), len(row))] for row in rows]
 
 
 @torch.no_grad()
@@ -487,9 +488,7 @@ def sample(model, tok, prompts, temperature, max_new_tokens, share=True, scores=
         mask[:, P + t] = 1
         done = done | torch.isin(nxt, stops)
         cur = nxt.unsqueeze(1)
-    stop_set, responses = set(stops.tolist()), []
-    for row in torch.stack(out, 1).tolist():
-        responses.append(row[:next((i + 1 for i, x in enumerate(row) if x in stop_set), len(row))])
+    responses = cut_at_stop(torch.stack(out, 1).tolist(), stops.tolist())
     if not scores:
         return responses
     logps, ents, states = torch.stack(logps, 1).tolist(), torch.stack(ents, 1).tolist(), torch.stack(states, 1)
@@ -615,8 +614,8 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
     expert's way back from there is recorded. Without it every demo is a straight path: the WebShop expert clicks
     the one fitting product using facts the results page hides (its options), so a model trained on straight paths
     never sees an item that does not fit, never learns `< prev`, and RL cannot sample a recovery it gives ~0 chance.
-    expert: the env's expert (WebShop: "oracle", the default of build_base, or "browse"; ALFWorld: "oracle" or
-    "search"; None: the env's default).
+    expert: the env's expert (WebShop: "oracle", the default of build_base, "browse" or "visible"; ALFWorld:
+    "oracle" or "search"; None: the env's default).
     format_noise: the share of recorded responses that leave out the opening <think> tag: still playable (the
     action tags are intact), but invalid, so the base pays the -0.1 penalty now and then and RL has a format to
     learn (the paper's Phase 1)."""
@@ -964,16 +963,14 @@ def main(argv=None):
           f"sft_loss_last={report.get('sft_loss_last')}")
     results = {}
     for e in build_envs(args):
-        trajs = play(model, tok, e, list(range(args.eval_seed, args.eval_seed + args.eval_tasks)),
-                     temperature=args.eval_temperature, history_length=args.history_length,
-                     max_new_tokens=args.max_new_tokens, progress=True,
-                     env_kw={"split": EVAL_SPLIT[e]} if e in real_data(args) else None)
-        results[e] = summarize(trajs)
+        def score_on(seeds, split):
+            return summarize(play(model, tok, e, list(seeds), temperature=args.eval_temperature,
+                                  history_length=args.history_length, max_new_tokens=args.max_new_tokens,
+                                  progress=True, env_kw={"split": split} if e in real_data(args) else None))
+        results[e] = score_on(range(args.eval_seed, args.eval_seed + args.eval_tasks), EVAL_SPLIT[e])
         # the same number of its own demo tasks: a base that memorised them wins far more there than held out
         n = min(args.eval_tasks, args.demo_tasks)
-        demo = summarize(play(model, tok, e, list(range(n)), temperature=args.eval_temperature,
-                              history_length=args.history_length, max_new_tokens=args.max_new_tokens, progress=True,
-                              env_kw={"split": "train"} if e in real_data(args) else None))
+        demo = score_on(range(n), "train")
         results[e].update(demo_success=demo["success"], demo_valid_ratio=demo["valid_ratio"], demo_tasks=n)
         print(f"{e}: held-out success={results[e]['success']:.3f} valid_ratio={results[e]['valid_ratio']:.3f} "
               f"mean_steps={results[e]['mean_steps']:.1f} (T={args.eval_temperature}, {args.eval_tasks} tasks); "

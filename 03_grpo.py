@@ -192,7 +192,6 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None, guard=None):
     raw.train()
     stats = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped_steps": 0}
     guard = {"streak": 0} if guard is None else guard
-    limit = getattr(args, "max_skipped_steps", 3)
     sums = []  # per optimizer step that was taken: (loss, clipped tokens, kl, grad norm, aux metrics)
     chunks = minibatch_chunks(len(samples), args.minibatches)
     micro = getattr(args, "micro_batch", 0)  # 0 = the whole minibatch at once
@@ -238,7 +237,7 @@ def update(policy, opt, accelerator, tok, samples, args, aux=None, guard=None):
                 opt.zero_grad()
                 stats["skipped_steps"] += 1
                 guard["streak"] += 1
-                if guard["streak"] >= limit:
+                if guard["streak"] >= args.max_skipped_steps:
                     raw.eval()
                     raise NonFiniteStop(f"{guard['streak']} optimizer steps in a row had a non-finite loss or "
                                         "gradient norm")

@@ -136,7 +136,7 @@ class WebShopEnv:
         self.steps, self.done, self.won, self.score = 0, False, False, None
         self.page, self.results, self.page_no, self.item, self.selected = "search", [], 0, None, {}
         self.opened = set()  # products whose item page this episode has shown (the browse expert skips them)
-        self.came_from = None  # the item just left with < prev (the visible expert tries the candidates after it)
+        self.came_from = None  # the item just left with < prev (the visible expert tries the results after it)
         return self._obs(), self._info(True)
 
     def step(self, action):
@@ -263,14 +263,14 @@ class WebShopEnv:
     # ------------------------------------------------------------------ expert
     def miss(self, product):
         """The first reason, in score order, buying `product` cannot score 1, or None when it fits."""
-        g, offered = self.goal, dict(product.options)
+        g = self.goal
         if product.ptype != g["product_type"]:
             return "wrong type"
         if not set(g["attributes"]) <= set(product.attrs):
             return "missing attribute"
         if product.price > g["budget"]:
             return "over budget"
-        if not all(v in offered.get(k, ()) for k, v in g["options"].items()):
+        if not self.offers_options(product):
             return "option not offered"
         return None
 
@@ -286,13 +286,13 @@ class WebShopEnv:
         browse: opens the hits in rank order, skipping those this episode already opened, and goes back when the
             item does not fit, which it judges with the product's full attribute list (not shown on its page).
             It wins 82% of held-out tasks within the 10-step cap (seeds 100000-100499), the oracle 100%.
-        visible: only what the pages show (see _visible_expert)."""
+        visible: only what the pages show (see _visible_results)."""
         if self.done:
             return None
         if self.page == "search":  # the instruction itself, as WebShop's rule baseline searches: a plain copy
             return f"search[{self.goal['instruction']}]"
-        if self.expert == "visible":
-            return self._visible_expert()
+        if self.page == "results" and self.expert == "visible":
+            return self._visible_results()
         if self.page == "results" and self.expert == "browse":
             todo = [n for n, i in enumerate(self.results) if i not in self.opened]
             if not todo:
@@ -312,32 +312,29 @@ class WebShopEnv:
         if self.page != "item":
             return "click[< prev]"
         product = self.products[self.item]
-        if not self.fits(product):
+        # on the item page the visible expert can judge only the options the page offers
+        if not (self.offers_options(product) if self.expert == "visible" else self.fits(product)):
             return "click[< prev]"
         missing = [v for k, v in self.goal["options"].items() if self.selected.get(k) != v]
         return f"click[{missing[0]}]" if missing else "click[buy now]"
+
+    def offers_options(self, product):
+        """Does the product offer every option value the goal asks for (what its item page lists)?"""
+        offered = dict(product.options)
+        return all(v in offered.get(k, ()) for k, v in self.goal["options"].items())
 
     def looks_right(self, product):
         """What the results page tells about a product: its type (the end of its title) and price fit the goal."""
         return product.title.lower().endswith(self.goal["product_type"]) and product.price <= self.goal["budget"]
 
-    def _visible_expert(self):
-        """visible: decides only on what the prompt shows, so a model can imitate it step by step. On a results page
-        it opens the first product whose title names the asked type at a price within budget, after the one it just
-        came back from; on the item page it goes back unless the asked options are offered, clicks them, and buys.
-        It never reads a product's hidden attributes, so it buys some that lack one (score < 1): the room RL has."""
-        if self.page == "results":
-            shown = [self.products[i] for i in self._shown()]
-            start = next((n + 1 for n, i in enumerate(self._shown()) if i == self.came_from), 0)
-            fit = [p for p in shown[start:] if self.looks_right(p)]
-            if fit:
-                return f"click[{fit[0].asin.lower()}]"
-            return "click[next >]" if self._has_next() else "click[back to search]"
-        if self.page != "item":
-            return "click[< prev]"
-        product = self.products[self.item]
-        offered = dict(product.options)
-        if not all(v in offered.get(k, ()) for k, v in self.goal["options"].items()):
-            return "click[< prev]"
-        missing = [v for k, v in self.goal["options"].items() if self.selected.get(k) != v]
-        return f"click[{missing[0]}]" if missing else "click[buy now]"
+    def _visible_results(self):
+        """visible, on a results page: it decides only on what the prompt shows, so a model can imitate it step by
+        step. It opens the first product whose title names the asked type at a price within budget, after the one it
+        just came back from; on the item page (_expert) it goes back unless the asked options are offered, clicks
+        them, and buys. It never reads a product's hidden attributes, so it buys some that lack one (score < 1)."""
+        shown = [self.products[i] for i in self._shown()]
+        start = next((n + 1 for n, i in enumerate(self._shown()) if i == self.came_from), 0)
+        fit = [p for p in shown[start:] if self.looks_right(p)]
+        if fit:
+            return f"click[{fit[0].asin.lower()}]"
+        return "click[next >]" if self._has_next() else "click[back to search]"

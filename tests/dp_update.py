@@ -24,7 +24,7 @@ class Tok:  # pack() only needs the pad id
 def update_args(**kw):
     """03's update() flags at their defaults (dual clip 3, entropy bonus 0.001), overridable."""
     base = dict(minibatches=1, ppo_epochs=1, clip_eps=0.2, clip_ratio_c=3.0, kl_coef=0.01, entropy_coeff=0.001,
-                max_grad_norm=1.0, micro_batch=0, share_prefix=False)
+                max_grad_norm=1.0, micro_batch=0, share_prefix=False, max_skipped_steps=3)
     return SimpleNamespace(**dict(base, **kw))
 
 
