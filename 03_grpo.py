@@ -453,6 +453,10 @@ class Args:
     """sample and score old log-probs on the merged weights W + s B A (01's merged_lora; float32/64 models only): the
     same function without the LoRA matmuls; the reference pass and the update keep the adapter separate"""
     max_grad_norm: float = 1.0
+    rollout_only: bool = False
+    """a no-learning control in a third of the time: roll out and log each update, but skip the reference pass and
+    the update. The rollouts are those of --lr 0 (each update's tasks and sampling seed depend only on --seed and
+    the update's index, and at lr 0 the adapter never moves); the loss, KL and gradient metrics are not logged"""
     max_skipped_steps: int = 3
     """a mini-batch whose loss or gradient norm is NaN/inf skips its optimizer step (counted as skipped_steps);
     this many skipped in a row stop the run, keeping the last good checkpoint"""
@@ -774,9 +778,13 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
                                        args.max_steps or None, args.history_length, args.max_new_tokens,
                                        share=args.share_prefix, merge=args.merge_lora, lean=args.lean_sampling)
             t_roll = time.time() - t0
-            prepare_batch(raw, tok, trajs, samples, advantage_fn, args)
             try:
-                stats = update(policy, opt, accelerator, tok, samples, args, aux, guard)
+                stats = {}
+                if args.rollout_only:
+                    advantage_fn(trajs, args)  # for the saved rollouts; nothing is learned from them
+                else:
+                    prepare_batch(raw, tok, trajs, samples, advantage_fn, args)
+                    stats = update(policy, opt, accelerator, tok, samples, args, aux, guard)
             except NonFiniteStop as e:  # the update in flight is not saved: ckpt/ keeps the last good one
                 raise SystemExit(f"error: update {update_i + 1}: {e}; stopped, {ckpt} holds update {saved}")
             m = R.batch_metrics(trajs)

@@ -251,3 +251,22 @@ def test_real_data_end_to_end(small_base, tmp_path, env):
     with pytest.raises(SystemExit, match=r"error: .*no folder .*nowhere"):
         G.main(quick(small_base, out, "--env", env, "--data", str(tmp_path / "nowhere")))
     F.use_data(env)
+
+
+def test_rollout_only_control_plays_what_an_lr0_run_plays(small_base, tmp_path):
+    """--rollout_only skips the reference pass and the update; its rollouts are the lr-0 run's, update by update
+    (same tasks, same samples), and its adapter stays the initial one."""
+    import torch
+    runs = {}
+    for name, extra in (("lr0", []), ("only", ["--rollout_only", "true"]), ("lr", ["--lr", "0.05"])):
+        lr = [] if name == "lr" else ["--lr", "0"]
+        G.main(quick(small_base, tmp_path / name, "--env", "alfworld", "--updates", "3", "--val_every", "0",
+                     "--analyse", "false", "--report_to", "none", "--temperature", "1.5", *lr, *extra))
+        runs[name] = rows(tmp_path / name)
+    played = lambda r: {k: r[k] for k in ("success", "entropy", "valid_ratio", "response_tokens", "mean_steps")}
+    assert [played(r) for r in runs["only"]] == [played(r) for r in runs["lr0"]]
+    assert [played(r) for r in runs["lr"]][1:] != [played(r) for r in runs["lr0"]][1:]  # the check can fail
+    assert "kl" in runs["lr0"][0] and "kl" not in runs["only"][0]
+    state = torch.load(tmp_path / "only" / "ckpt" / "state.pt", weights_only=False)["params"]
+    lora_b = [v for k, v in state.items() if "lora_B" in k]
+    assert lora_b and all(not v.any() for v in lora_b)  # PEFT starts B at 0; nothing moved it

@@ -13,8 +13,8 @@ eval_flags="--env $env --model $model --val_tasks ${TASKS:-512} --seed ${SEED:-0
 mkdir -p runs/base-gate
 for run in ${RUNS:-grpo lr0}; do  # RUNS=grpo and RUNS=lr0 in two shells run them side by side
   out="runs/base-gate/$env-$name-$run"
-  lr=${LR:-1e-3}; [ "$run" = lr0 ] && lr=0
-  python 03_grpo.py $flags --lr "$lr" --out_dir "$out" >/dev/null 2>"$out.log"
+  lr="${LR:-1e-3}"; [ "$run" = lr0 ] && lr="0 --rollout_only true"  # the same rollouts as lr 0, no update
+  python 03_grpo.py $flags --lr $lr --out_dir "$out" >/dev/null 2>"$out.log"
   # the base's pass on the same held-out seeds sits in the run's eval.jsonl, so 03 pairs them (vs_base)
   grep -q '"ckpt": "base"' "$out/eval.jsonl" 2>/dev/null ||
     python 03_grpo.py $eval_flags --eval_ckpt base --out_dir "$out" >/dev/null 2>>"$out.log"
