@@ -826,13 +826,22 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
 
 
 def report(out_dir):
-    """The end of a run: 06's plots and summary.md of this run's logs, and a few lines of what happened.
-    (The one place an earlier script calls a later one: the analysis is 06's, the trainer only asks for it.)"""
-    A = importlib.import_module("06_analysis")
+    """The end of a run: 06's plots and summary.md of this run's logs, and a few lines of what happened. 06 runs as
+    its own program, as a user would run it, so no script imports a later one."""
+    import subprocess
+    import sys
     rows = read_jsonl(os.path.join(out_dir, "metrics.jsonl"))
     if not rows:
         return None
-    res = A.analyse_logs(A.Args(runs=out_dir, out_dir=os.path.join(out_dir, "analysis"), lemmas=False))
+    folder = os.path.join(out_dir, "analysis")
+    cmd = [sys.executable, os.path.join(F.ROOT, "06_analysis.py"), "--runs", out_dir, "--out_dir", folder,
+           "--lemmas", "false"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        print(f"\nthe analysis failed ({' '.join(cmd)}):\n{done.stderr.strip().splitlines()[-1:]}")
+        return None
+    with open(os.path.join(folder, "analysis.json")) as f:
+        res = json.load(f)
 
     w = min(5, max(len(rows) // 2, 1))
 
