@@ -2,16 +2,16 @@
 
 Every env step is one training row (prompt = the step's observation prompt, response = the step's output).
 Row score: the trajectory's episode return (env rewards only) minus the invalid-format penalty of that step alone,
-    score_row = sum_t r_t  -  0.1 [this step invalid]
+    score_row = sum_t r_t  -  0.1 [this step invalid]                                              (1)
 Group-relative advantage over all rows of the task's G trajectories (a trajectory weighs by its number of steps),
 broadcast to every response token of the row:
-    A_row = (score_row - mean_rows score) / (std_rows score + 1e-6)        (unbiased std; one row: mean 0, std 1)
+    A_row = (score_row - mean_rows score) / (std_rows score + 1e-6)   (2)  (unbiased std; one row: mean 0, std 1)
 PPO-clip with dual clip per token, ratio rho = exp(log pi - log pi_old):
-    l_pg = max( -rho A, -clip(rho, 1 - eps, 1 + eps) A ),  eps = 0.2;   if A < 0: l_pg = min(l_pg, -c A), c = 3
+    l_pg = max( -rho A, -clip(rho, 1 - eps, 1 + eps) A ),  eps = 0.2;   if A < 0: l_pg = min(l_pg, -c A), c = 3  (3)
 Low-variance KL (k3) to the reference policy pi_ref = the base model with the LoRA adapter disabled:
-    l_kl = clamp( exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, -10, 10 )
+    l_kl = clamp( exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, -10, 10 )                        (4)
 Entropy bonus and token-mean aggregation over all response tokens T of the mini-batch (across processes):
-    L = (1/|T|) sum_{tokens} ( l_pg + beta l_kl - c_H H_t ),  beta = 0.01, c_H = 0.001
+    L = (1/|T|) sum_{tokens} ( l_pg + beta l_kl - c_H H_t ),  beta = 0.01, c_H = 0.001                   (5)
 The clip fraction counts the tokens where the clipped term is the one taken. One optimizer step per mini-batch:
 --minibatches contiguous chunks of the task-major batch, no shuffle (verl: data.split).
 
@@ -63,13 +63,14 @@ R = importlib.import_module("02_rollouts")
 
 # --------------------------------------------------------------------------------------------- advantages
 def episode_returns(trajs, penalty=F.INVALID_PENALTY):
-    """R_i = sum_t (r_it - 0.1 [step t invalid]): the trajectory-level score (--adv_level traj, the lemmas' form)."""
+    """R_i = sum_t (r_it - 0.1 [step t invalid]): eq. (1) summed over the trajectory's steps, its score under
+    --adv_level traj (the lemmas' form)."""
     return [sum(s["reward"] - penalty * (not s["valid"]) for s in t["steps"]) for t in trajs]
 
 
 def row_scores(trajs, penalty=F.INVALID_PENALTY):
-    """verl-agent's step rows: score_row = sum of the env rewards of its trajectory - 0.1 [this step invalid].
-    Returns {task group: [(step dict, score), ...]} over all steps of all trajectories of the group."""
+    """Eq. (1), verl-agent's step rows: score_row = the sum of its trajectory's env rewards - 0.1 [this step
+    invalid]. Returns {task group: [(step dict, score), ...]} over all steps of all trajectories of the group."""
     groups = {}
     for t in trajs:
         ret = sum(s["reward"] for s in t["steps"])
@@ -79,8 +80,8 @@ def row_scores(trajs, penalty=F.INVALID_PENALTY):
 
 
 def group_norm(scores, use_std=True, eps=1e-6):
-    """(x - mean) / (std + eps) over one group, unbiased std; a one-element group has mean 0 and std 1, as in
-    verl's compute_grpo_outcome_advantage and verl-agent's episode_norm_reward."""
+    """The normalisation of eq. (2): (x - mean) / (std + eps) over one group, unbiased std; a one-element group
+    has mean 0 and std 1, as in verl's compute_grpo_outcome_advantage and verl-agent's episode_norm_reward."""
     x = torch.tensor(scores, dtype=torch.float64)
     one = len(x) == 1
     mean, std = (x.new_tensor(0.0), x.new_tensor(1.0)) if one else (x.mean(), x.std())
@@ -88,7 +89,7 @@ def group_norm(scores, use_std=True, eps=1e-6):
 
 
 def grpo_advantages(trajs, args=None, level=None):
-    """One scalar per step, stored on the step as 'adv' (every response token of the step gets it).
+    """Eq. (2): one scalar per step, stored on the step as 'adv' (every response token of the step gets it).
 
     row (the reference): A_row = (score_row - mean_rows) / (std_rows + 1e-6) over all step rows of a task group,
     so a trajectory weighs by its number of steps. traj: A_i = (R_i - mean_i R) / (std_i R + 1e-6) over the G
@@ -112,7 +113,7 @@ def grpo_advantages(trajs, args=None, level=None):
 
 # --------------------------------------------------------------------------------------------- the update
 def token_losses(logp, old_logp, ref_logp, adv, clip_eps, kl_coef, entropy=None, entropy_coeff=0.0, clip_c=3.0):
-    """Per-token loss of verl's actor: dual-clip PPO + beta * k3 KL - entropy_coeff * H.
+    """Eqs. (3)-(4) and the summand of (5), per token: dual-clip PPO + beta * k3 KL - entropy_coeff * H.
 
     Returns (loss [B, L], clipped indicator, kl [B, L]); clipped marks the tokens where the clipped term is taken."""
     ratio = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
@@ -175,7 +176,8 @@ class NonFiniteStop(RuntimeError):
 
 
 def update(policy, opt, accelerator, tok, samples, args, aux=None, guard=None):
-    """One PPO pass over this process's samples in `args.minibatches` contiguous chunks (sizes differ by <= 1).
+    """Eq. (5), minimised: one PPO pass over this process's samples in `args.minibatches` contiguous chunks (sizes
+    differ by <= 1).
 
     Every process must hold the same number of chunks. Loss = sum over local tokens / global token count * world
     size, because DDP averages gradients over processes: the result is the exact token-mean of the global batch.

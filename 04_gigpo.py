@@ -2,14 +2,14 @@
 
 Episode level, over all step rows of one task group (verl-agent's episode_norm_reward, mean across steps):
     score_row = sum_t r_t - 0.1 [this step invalid]                       (03's row scores)
-    A^E_row = score_row - mean_rows score                                 ("mean_norm", the default)
-    A^E_row = (score_row - mean_rows score) / (std_rows score + 1e-6)     ("mean_std_norm")
+    A^E_row = score_row - mean_rows score                                 ("mean_norm", the default)      (1)
+    A^E_row = (score_row - mean_rows score) / (std_rows score + 1e-6)     ("mean_std_norm")               (1')
     a task group with a single row: mean 0 (std 1)
 Step level: discounted return from the env rewards, then the invalid penalty on the step's own return:
-    R_t = sum_{k >= t} gamma^{k-t} r_k  - 0.1 [step t invalid],   gamma = 0.95
+    R_t = sum_{k >= t} gamma^{k-t} r_k  - 0.1 [step t invalid],   gamma = 0.95                               (2)
 Anchor-state groups: within a task group, steps whose raw env observation is identical form one step group S:
-    A^S_t = R_t - mean_{s in S} R_s        (mean_std_norm: divided by std_S + 1e-6; a singleton group gives 0)
-    A_t = A^E + omega A^S_t,               omega = 1
+    A^S_t = R_t - mean_{s in S} R_s        (mean_std_norm: divided by std_S + 1e-6; a singleton group gives 0)  (3)
+    A_t = A^E + omega A^S_t,               omega = 1                                                        (4)
 The advantage is per step; every response token of the step gets it.
 
 Deviations from the reference: none beyond 03's; exact-match anchors only (verl-agent's optional similarity
@@ -26,6 +26,7 @@ F = G.F
 
 
 def discounted_returns(rewards, gamma):
+    """The sum of eq. (2): sum_{k >= t} gamma^{k-t} r_k for every t, from the end backwards."""
     out, acc = [0.0] * len(rewards), 0.0
     for t in reversed(range(len(rewards))):
         acc = rewards[t] + gamma * acc
@@ -34,13 +35,16 @@ def discounted_returns(rewards, gamma):
 
 
 def step_returns(trajs, gamma):
-    """R_t on every step (as 'step_return'): discounted env rewards, minus the penalty on the invalid step itself."""
+    """Eq. (2), R_t on every step (as 'step_return'): discounted env rewards, minus the penalty on the invalid step
+    itself."""
     for t in trajs:
         for s, r in zip(t["steps"], discounted_returns([s["reward"] for s in t["steps"]], gamma)):
             s["step_return"] = r - F.INVALID_PENALTY * (not s["valid"])
 
 
 def gigpo_advantages(trajs, args=None):
+    """Eqs. (1)-(4): the episode advantage of the step's row plus omega times its anchor-state step advantage, stored
+    on every step as 'adv' (verl-agent's compute_gigpo_outcome_advantage)."""
     gamma = getattr(args, "gamma", 0.95)
     omega = getattr(args, "omega", 1.0)
     mode = getattr(args, "gigpo_mode", "mean_norm")

@@ -5,19 +5,19 @@ that pushes bad responses down also pulls good ones (gradient interference throu
 a head on the last-layer hidden state h_t AT every response token y_t (the last one at the end-of-turn token: one
 position after the state whose logits give log pi(y_t), as the released code reads it) that predicts the sign of the
 token's advantage:
-    head(h) = Linear(d, 1) o [ Dropout(0.1) o LayerNorm o GELU o Linear(d, d) ] ^ (depth - 1)
-    label_t = 1[A_t >= 0]
-    L_SEAL = (1/|T|) sum_t BCE( sigmoid(head(h_t)), label_t )                  (token-mean, as L_RL)
-    L = L_RL + alpha L_SEAL,   alpha = 0.02, depth = 6 for ALFWorld and 3 for WebShop (the released defaults)
+    head(h) = Linear(d, 1) o [ Dropout(0.1) o LayerNorm o GELU o Linear(d, d) ] ^ (depth - 1)                (1)
+    label_t = 1[A_t >= 0]                                                                                    (2)
+    L_SEAL = (1/|T|) sum_t BCE( sigmoid(head(h_t)), label_t )                  (token-mean, as L_RL)         (3)
+    L = L_RL + alpha L_SEAL,   alpha = 0.02, depth = 6 for ALFWorld and 3 for WebShop (the released defaults)  (4)
 The head is trained with the policy and its gradient flows into the backbone (no detach): that is what separates
 the representations of positive- and negative-advantage tokens. L_RL is 03's loss with 03's (or 04's) advantages.
 
 EMPG (Wang et al. 2025, arXiv 2509.09265), the entropy-aware estimator this file offers next to SEAL (--algo empg,
 on top of --empg_base grpo|gigpo advantages A_t, one per step row). With H_t = the mean token entropy of step t:
-    H~_t = (H_t - min_batch H) / (max_batch H - min_batch H + 1e-8)            (min-max over the batch's steps)
-    g_t = exp(-k H~_t) / mean_batch exp(-k H~)                                (self-calibrating gradient scale)
-    f_t = exp(-k' H~_{t+1}),  0 on a trajectory's last step                  (future-clarity bonus)
-    A'_t = g_t A_t + zeta f_t,   A_mod_t = A'_t - mean_batch A'             k = k' = 1, zeta = 0.05
+    H~_t = (H_t - min_batch H) / (max_batch H - min_batch H + 1e-8)            (min-max over the batch's steps)  (5)
+    g_t = exp(-k H~_t) / mean_batch exp(-k H~)                                (self-calibrating gradient scale)  (6)
+    f_t = exp(-k' H~_{t+1}),  0 on a trajectory's last step                  (future-clarity bonus)            (7)
+    A'_t = g_t A_t + zeta f_t,   A_mod_t = A'_t - mean_batch A'             k = k' = 1, zeta = 0.05           (8)
 "The batch" is the global batch: under data parallelism min, max and means are all-reduced over processes.
 
 Deviations from the released code: none beyond 03's; the head is built in the model's dtype.
@@ -45,6 +45,7 @@ SEAL_DEPTH = {"alfworld": 6, "webshop": 3}
 
 
 def seal_head(d, depth, dropout=0.1):
+    """Eq. (1), the released head."""
     layers = []
     for _ in range(depth - 1):
         layers += [torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.LayerNorm(d), torch.nn.Dropout(dropout)]
@@ -60,11 +61,13 @@ class SealPolicy(R.Policy):
 
 
 def seal_labels(adv):
+    """Eq. (2)."""
     return (adv >= 0).to(adv.dtype)
 
 
 def seal_loss(alpha):
-    """aux hook for 03's update(): per-token alpha * BCE, masked and token-meaned there together with L_RL."""
+    """Eqs. (3)-(4), as an aux hook for 03's update(): per-token alpha * BCE, masked and token-meaned there together
+    with L_RL."""
     def aux(policy, h, batch, adv):
         logits = policy.seal_head(h).squeeze(-1)
         dtype = torch.promote_types(logits.dtype, torch.float32)  # BCE in at least float32, float64 in a float64 model
@@ -93,7 +96,7 @@ def batch_reduce(values, op):
 
 
 def empg_modulate(trajs, k=1.0, k_next=1.0, zeta=0.05, eps=1e-8):
-    """EMPG on the advantages already on the steps ('adv'): the equations of the docstring, in place."""
+    """Eqs. (5)-(8), EMPG on the advantages already on the steps ('adv'), in place."""
     steps = [s for t in trajs for s in t["steps"]]
     ent = {id(s): sum(s["entropy"]) / max(len(s["entropy"]), 1) for s in steps}
     lo, hi = batch_reduce(list(ent.values()), "min"), batch_reduce(list(ent.values()), "max")
