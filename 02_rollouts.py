@@ -12,9 +12,9 @@ and per batch the degenerate-pattern rates of the paper:
     frac_reward_zero_std = share of task groups whose G episode returns are all equal (no episode advantage)
     clip_ratio_response  = share of responses that hit --max_new_tokens without an end-of-turn token
 
-By default (--lean_sampling in 03) these scores are read off the sampling forwards themselves (01's sample());
-otherwise score() runs length-sorted micro-batches of 16 over the finished batch, each distinct prompt once (01's
-pack_shared, exact).
+By default (--lean_sampling in 03) these scores are read off the sampling forwards themselves (helpers/batches.py's
+sample()); otherwise score() runs length-sorted micro-batches of 16 over the finished batch, each distinct prompt once
+(helpers/batches.py's pack_shared, exact).
 
 Deviations from the reference (verl-agent): responses are capped at --max_new_tokens 64 (verl-agent: 512), enough
 for the embedded default's one-sentence thoughts; nothing else (the prompts and the projection are 01's copies).
@@ -42,7 +42,8 @@ class Policy(torch.nn.Module):
     One module so that `accelerator.prepare` (DDP) sees every trainable parameter in one forward; 05_seal.py adds
     its head here. Returns per response token y_k: log pi(y_k | .), the entropy of that distribution, and the
     last-layer hidden state at y_k (one position after the state whose logits give log pi(y_k); see
-    01's response_hidden); with logit_states=True that earlier state instead (06's lemma checks need it).
+    helpers/batches.py's response_hidden); with logit_states=True that earlier state instead (06's lemma checks
+    need it).
     """
 
     def __init__(self, lm):
@@ -83,7 +84,7 @@ def flatten(trajs, tok):
 def score(policy, tok, samples, batch_size=16, share=True, merge=True):
     """Adds old_logp, entropy (lists per token) and hidden_mean (vector) to each sample, in place.
     Length-sorted micro-batches (far less padding than arrival order); share: each distinct prompt runs once;
-    merge: on the merged LoRA weights (01's merged_lora)."""
+    merge: on the merged LoRA weights (helpers/batches.py's merged_lora)."""
     policy.eval()
     device = next(policy.parameters()).device
     with F.merged_lora(policy.lm, merge):
@@ -147,8 +148,8 @@ def batch_metrics(trajs):
 def collect(policy, tok, env_name, seeds, group_size, temperature, max_steps, history_length, max_new_tokens,
             progress=False, share=True, merge=True, lean=True):
     """play() from 01 + scoring. Returns (trajectories, flat step samples).
-    lean: 01's sample() reads the scores off the sampling forwards, so the scoring pass is not run (the same
-    numbers up to summation order); otherwise score() runs over the finished batch."""
+    lean: helpers/batches.py's sample() reads the scores off the sampling forwards, so the scoring pass is not run (the
+    same numbers up to summation order); otherwise score() runs over the finished batch."""
     trajs = F.play(policy.lm, tok, env_name, seeds, group_size, temperature, max_steps, history_length,
                    max_new_tokens, progress, share, merge=merge, lean=lean, scores=lean)
     samples = flatten(trajs, tok)

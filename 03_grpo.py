@@ -23,15 +23,18 @@ Deviations from the reference (verl-agent), each a flag:
     token-mean             over all response tokens of the mini-batch, exactly, whatever the micro-batching (verl
                            takes the mean of each micro-batch and averages those: the same when micro-batches hold
                            equal token counts); this is what makes the 2-process update equal the 1-process one
-    --share_prefix true    the old log-prob, reference and update passes run each distinct prompt once (01's
-                           pack_shared) in length-sorted micro-batches of --micro_batch samples that keep a prompt's
-                           samples together: the same numbers up to summation order (false = every sample its own
-                           prompt, as verl does); it changes speed only, so it is not a deviation of the math
-    --merge_lora true      the rollout and the old log-prob pass run on the merged weights W + s B A (01's
-                           merged_lora), the same function without the LoRA matmuls; speed only, like the above
-    --lean_sampling true   01's own decoding loop instead of transformers' generate (the same tokens for the same
-                           seed), which also reads the old log-probs, entropies and hidden means off its forwards, so
-                           02's scoring pass does not run (the same numbers up to summation order); speed only
+    --share_prefix true    the old log-prob, reference and update passes run each distinct prompt once
+                           (helpers/batches.py's pack_shared) in length-sorted micro-batches of --micro_batch samples
+                           that keep a prompt's samples together: the same numbers up to summation order (false = every
+                           sample its own prompt, as verl does); it changes speed only, so it is not a deviation of the
+                           math
+    --merge_lora true      the rollout and the old log-prob pass run on the merged weights W + s B A
+                           (helpers/batches.py's merged_lora), the same function without the LoRA matmuls; speed only,
+                           like the above
+    --lean_sampling true   the lean decoding loop (helpers/batches.py's sample) instead of transformers' generate (the
+                           same tokens for the same seed), which also reads the old log-probs, entropies and hidden
+                           means off its forwards, so 02's scoring pass does not run (the same numbers up to summation
+                           order); speed only
 A mini-batch whose loss or gradient norm is not finite skips its optimizer step on every process (as verl skips a
 step with a non-finite gradient norm), counted as skipped_steps; --max_skipped_steps in a row stop the run.
 
@@ -268,10 +271,11 @@ def bench_speed(args, advantage_fn, make_policy=R.Policy, aux=None, rounds=2):
     """One rollout batch, every phase of an update timed on the plain path and the fast one (--bench_speed).
 
     plain: every sample runs its own prompt, the LoRA matmuls run in every pass (--share_prefix false --merge_lora
-    false). fast: each distinct prompt once (01's pack_shared, shared_prefill) and the no-grad policy passes on the
-    merged weights (01's merged_lora). Both paths score, reference and update the same samples (the plain rollout's),
-    so their numbers must agree; the rollout itself is timed on each path from the same seed. Phases after the
-    rollout run `rounds` times after a warm-up and keep the fastest. Prints one JSON line and returns it as a dict.
+    false). fast: each distinct prompt once (helpers/batches.py's pack_shared, shared_prefill) and the no-grad policy
+    passes on the merged weights (helpers/batches.py's merged_lora). Both paths score, reference and update the same
+    samples (the plain rollout's), so their numbers must agree; the rollout itself is timed on each path from the same
+    seed. Phases after the rollout run `rounds` times after a warm-up and keep the fastest. Prints one JSON line and
+    returns it as a dict.
     """
     import copy
     from accelerate import Accelerator
@@ -447,13 +451,15 @@ class Args:
     """samples per forward/backward inside a minibatch (gradients accumulate; the step does not change)"""
     share_prefix: bool = True
     """run each distinct prompt of a micro-batch once and its responses on its cached keys/values, in every pass
-    (scoring, reference, update): the same numbers, fewer tokens (01's pack_shared)"""
+    (scoring, reference, update): the same numbers, fewer tokens (helpers/batches.py's pack_shared)"""
     lean_sampling: bool = True
-    """sample with 01's own decoding loop instead of transformers' generate (the same tokens for the same seed) and
-    read old log-probs, entropies and hidden means off its forwards, so 02's scoring pass does not run"""
+    """sample with the lean decoding loop (helpers/batches.py's sample) instead of transformers' generate (the same
+    tokens for the same seed) and read old log-probs, entropies and hidden means off its forwards, so 02's scoring pass
+    does not run"""
     merge_lora: bool = True
-    """sample and score old log-probs on the merged weights W + s B A (01's merged_lora; float32/64 models only): the
-    same function without the LoRA matmuls; the reference pass and the update keep the adapter separate"""
+    """sample and score old log-probs on the merged weights W + s B A (helpers/batches.py's merged_lora; float32/64
+    models only): the same function without the LoRA matmuls; the reference pass and the update keep the adapter
+    separate"""
     max_grad_norm: float = 1.0
     rollout_only: bool = False
     """a no-learning control in a third of the time: roll out and log each update, but skip the reference pass and

@@ -73,7 +73,7 @@ def build():
 def main(out):
     from accelerate import Accelerator
     acc = Accelerator(cpu=not torch.cuda.is_available())
-    share = os.environ.get("DP_SHARE_PREFIX") == "1"  # 01's pack_shared path
+    share = os.environ.get("DP_SHARE_PREFIX") == "1"  # helpers/batches.py's pack_shared path
     policy = build()
     samples = batch(policy, distinct=int(os.environ.get("DP_DISTINCT", "0")))  # > 0: prompts repeat
     # plain SGD: unlike Adam it is not scale-invariant, so a wrongly scaled gradient shows

@@ -1,4 +1,5 @@
-"""Prompt sharing (01's pack_shared) computes the same numbers as running every sample's own copy of its prompt."""
+"""Prompt sharing (helpers/batches.py's pack_shared) computes the same numbers as running every sample's own copy of its
+prompt."""
 import copy
 import importlib
 import os
@@ -205,8 +206,8 @@ def env_prompts(tok, seeds=(3, 4, 5)):
 @pytest.mark.parametrize("temperature", [0.0, 0.4, 1.0])
 @pytest.mark.parametrize("share", [False, True])
 def test_lean_sampling_draws_what_generate_draws(temperature, share):
-    """01's sample() against transformers' generate(): the same tokens for the same seed (float64: no near-tie can
-    flip), over several calls in a row (the random stream is consumed the same way)."""
+    """helpers/batches.py's sample() against transformers' generate(): the same tokens for the same seed (float64: no
+    near-tie can flip), over several calls in a row (the random stream is consumed the same way)."""
     model, tok = F.load_base("tiny", progress=False)
     model = copy.deepcopy(model).double().eval()
     prompts = env_prompts(tok)
