@@ -25,13 +25,11 @@ Deviations from the released code: none beyond 03's; the head is built in the mo
     python 05_seal.py --env webshop                                  # GRPO + SEAL
     python 05_seal.py --env alfworld --algo gigpo                    # GiGPO + SEAL (head depth 6)
     accelerate launch 05_seal.py --env webshop                       # data parallel on the available devices
-    python 05_seal.py --bench_overhead                               # time SEAL's share of an update
+    python benchmarks/seal_overhead.py --env webshop                 # time SEAL's share of an update
     python 05_seal.py --env webshop --algo empg --alpha 0            # EMPG on GRPO advantages, without SEAL
 """
 import importlib
-import json
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -140,65 +138,9 @@ class Args(GG.Args):
     seal_depth: int = 0
     """head depth; 0 = the released default for the env: 6 (ALFWorld), 3 (WebShop)"""
     seal_dropout: float = 0.1
-    bench_overhead: bool = False
-    """instead of training, time update() with and without SEAL on one rollout batch"""
 
 
-def head_seconds(policy, tok, samples, args, repeats=20):
-    """What SEAL adds to an update: the head's forward + backward on the hidden states of every chunk. The backbone's
-    backward runs once for L_RL + alpha L_SEAL either way (the head only adds to dL/dh), so this is the increment,
-    and it is small enough to time in a loop, free of the run-to-run noise of a whole update."""
-    aux = seal_loss(args.alpha)
-    chunks = G.minibatch_chunks(len(samples), args.minibatches)  # as update() splits the batch
-    total = 0.0
-    for idx in chunks:
-        b = F.pack(tok, [samples[i] for i in idx], next(policy.parameters()).device)
-        with torch.no_grad():
-            _, _, h = policy(b["input_ids"], b["attention_mask"], b["gather_index"], b["targets"])
-        adv = torch.tensor([samples[i]["adv"] for i in idx], dtype=h.dtype, device=h.device)
-        adv = adv.unsqueeze(1).expand_as(b["mask"])
-        runs = []
-        for _ in range(repeats + 1):
-            leaf = h.detach().requires_grad_()
-            t0 = time.perf_counter()
-            loss_tok, _ = aux(policy, leaf, b, adv)
-            ((loss_tok * b["mask"]).sum() / b["mask"].sum()).backward()
-            runs.append(time.perf_counter() - t0)
-        total += sorted(runs[1:])[repeats // 2]
-    policy.zero_grad()
-    return total
-
-
-def bench_overhead(args, repeats=5):
-    """Same rollout batch, same number of tokens: the update with the SEAL head vs without it."""
-    torch.manual_seed(args.seed)
-    lm, tok = F.load_base(args.model)
-    from accelerate import Accelerator
-    acc = Accelerator(cpu=not torch.cuda.is_available())
-    policy = SealPolicy(F.add_lora(lm, r=args.lora_r), args.seal_depth, args.seal_dropout)
-    trajs, samples = R.collect(policy, tok, args.env, list(range(args.tasks)), args.group_size, args.temperature,
-                               args.max_steps or None, args.history_length, args.max_new_tokens)
-    G.prepare_batch(policy, tok, trajs, samples, ADVANTAGES[args.algo], args)
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=0.0)  # lr 0: same work, no drift
-    times = {"rl": [], "rl+seal": []}
-    for r in range(repeats + 1):
-        for name, aux in (("rl", None), ("rl+seal", seal_loss(args.alpha))):
-            t0 = time.perf_counter()
-            G.update(policy, opt, acc, tok, samples, args, aux)
-            if r:  # the first round warms up allocators and kernels
-                times[name].append(time.perf_counter() - t0)
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    head = head_seconds(policy, tok, samples, args)
-    out = {"env": args.env, "samples": len(samples), "tokens": sum(len(s["response_ids"]) for s in samples),
-           "update_seconds_rl": med["rl"], "update_seconds_rl_seal": med["rl+seal"],
-           "overhead_end_to_end": med["rl+seal"] / med["rl"] - 1, "head_seconds": head,
-           "overhead_head": head / med["rl"], "repeats": repeats}
-    print(json.dumps(out))
-    return out
-
-
-def main(argv=None):
-    args = F.parse_args(Args, argv)
+def check_args(args):
     if args.empg_base not in GG.ADVANTAGES:
         raise SystemExit(f"error: --empg_base must be one of {', '.join(sorted(GG.ADVANTAGES))}, "
                          f"got {args.empg_base!r}")
@@ -206,8 +148,11 @@ def main(argv=None):
     if args.seal_depth < 0:
         raise SystemExit("error: --seal_depth must be >= 1 (or 0 for the env's default)")
     args.seal_depth = args.seal_depth or SEAL_DEPTH[args.env]
-    if args.bench_overhead:
-        return bench_overhead(args)
+    return args
+
+
+def main(argv=None):
+    args = check_args(F.parse_args(Args, argv))
     make = lambda lm: SealPolicy(lm, args.seal_depth, args.seal_dropout)  # noqa: E731
     return G.train(args, ADVANTAGES[args.algo], make_policy=make if args.alpha > 0 else R.Policy,
                    aux=seal_loss(args.alpha) if args.alpha > 0 else None)

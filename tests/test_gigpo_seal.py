@@ -1,3 +1,4 @@
+import importlib
 import math
 import os
 import random
@@ -266,3 +267,13 @@ def test_empg_under_two_processes_equals_one_process():
     assert sorted(got) == list(range(len(trajs)))
     for i, t in enumerate(want):
         assert got[i] == pytest.approx([s["adv"] for s in t["steps"]], abs=1e-9)
+
+
+def test_seal_overhead_benchmark_times_both_updates():
+    """benchmarks/seal_overhead.py: the same batch updated with and without the head; the head's own time is part of
+    the update's."""
+    bench = importlib.import_module("benchmarks.seal_overhead")
+    out = bench.main(["--env", "webshop", "--tasks", "1", "--group_size", "2", "--max_steps", "2",
+                      "--max_new_tokens", "16"])
+    assert out["samples"] > 0 and out["update_seconds_rl"] > 0 and out["update_seconds_rl_seal"] > 0
+    assert 0 < out["head_seconds"] < out["update_seconds_rl_seal"]

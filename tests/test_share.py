@@ -127,9 +127,10 @@ def test_shared_prefill_samples_the_same_tokens(temperature):
 
 
 def test_bench_speed_times_both_paths_on_the_same_batch(capsys):
-    """--bench_speed on the shipped base: both paths score and update the same samples and agree (float32)."""
-    out = G.main(["--env", "alfworld", "--tasks", "1", "--group_size", "3", "--max_steps", "2",
-                  "--max_new_tokens", "16", "--bench_speed", "true"])
+    """benchmarks/speed.py on the shipped base: both paths score and update the same samples and agree (float32)."""
+    speed = importlib.import_module("benchmarks.speed")
+    out = speed.main(["--env", "alfworld", "--tasks", "1", "--group_size", "3", "--max_steps", "2",
+                      "--max_new_tokens", "16"])
     assert out["steps"] == out["rollout_steps_plain"] > 0
     assert out["distinct_prompts"] < out["steps"]  # 3 episodes of one task share at least their first prompt
     assert 0 < out["tokens_saved"] < 1
