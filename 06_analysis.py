@@ -67,6 +67,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as Fn
 
+from helpers.runs import read_jsonl, sign_test
+
 F = importlib.import_module("01_formats")
 R = importlib.import_module("02_rollouts")
 G = importlib.import_module("03_grpo")
@@ -562,7 +564,7 @@ def load_metrics(run):
     path = os.path.join(run, "metrics.jsonl")
     if not os.path.exists(path):
         raise SystemExit(f"error: no metrics.jsonl in {run!r} (a folder written by 03_grpo.py / 04 / 05)")
-    rows = {int(r["update"]): r for r in G.read_jsonl(path) if "update" in r}
+    rows = {int(r["update"]): r for r in read_jsonl(path) if "update" in r}
     return [rows[u] for u in sorted(rows)]
 
 
@@ -572,7 +574,7 @@ def load_rollouts(run):
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         hit = re.match(r"update(\d+)-rank\d+\.jsonl$", name)
         if hit:
-            for ep in G.read_jsonl(os.path.join(folder, name)):
+            for ep in read_jsonl(os.path.join(folder, name)):
                 steps = ep["steps"]
                 ep["steps"] = json.loads(steps) if isinstance(steps, str) else steps
                 out.setdefault(int(hit.group(1)), []).append(ep)
@@ -1253,7 +1255,7 @@ def entropy_area(smoothed):
 def passes(run, base=False):
     """{task-set key: the last pass on it} of a run's eval.jsonl: its adapters' passes, or (base=True) the base's."""
     out = {}
-    for r in G.read_jsonl(os.path.join(run, "eval.jsonl")):
+    for r in read_jsonl(os.path.join(run, "eval.jsonl")):
         if "val_won" in r and (r.get("ckpt") == "base") == base:
             out[tuple(r.get(k) for k in G.EVAL_KEY)] = r
     return out
@@ -1309,7 +1311,7 @@ def results_table(infos, path):
         without = re.sub(r"\+seal( alpha \S+)?", "", algo)  # the same algorithm without SEAL, any alpha
         base = {r["seed"]: r for r in per.get(without, [])} if "+seal" in algo else {}
         pairs = [p for p in (paired(base[r["seed"]]["path"], r["path"]) for r in rs if r["seed"] in base) if p]
-        test = G.sign_test([x for a, _, _ in pairs for x in a], [x for _, b, _ in pairs for x in b]) if pairs else None
+        test = sign_test([x for a, _, _ in pairs for x in a], [x for _, b, _ in pairs for x in b]) if pairs else None
         sizes = "/".join(str(n) for n in sorted({r["tasks"] for r in ho}))
         lines.append(f"| {algo} | {len(rs)} | {fmt(mean([r['eruptions'] for r in rs]))} | "
                      f"{fmt(mean([r['area'] for r in rs]))} | "
@@ -1400,7 +1402,7 @@ def tallies_markdown(t, threshold):
         for kind in ("rose", "fell", "within the threshold"):
             if kind in t["c4"]:
                 row = t["c4"][kind]
-                cells = [f"{d} / {u}, p={G.sign_test([1] * d + [0] * u, [0] * d + [1] * u)['p']:.2g}"  # gained=rose
+                cells = [f"{d} / {u}, p={sign_test([1] * d + [0] * u, [0] * d + [1] * u)['p']:.2g}"  # gained=rose
                          if (d, u) != (0, 0) else "n/a" for d, u in (row.get(k, (0, 0)) for k in LOGP_KEYS)]
                 lines.append(f"| {kind} | {sum(row['logp_valid'])} | " + " | ".join(cells) + " |")
         rc = t.get("c4_rank_correlation", {})
