@@ -240,7 +240,9 @@ def test_step_before_reset_is_a_clear_error():
 
 
 def test_speed_is_reasonable(env):
-    """Loose bounds (measured: ~4 ms a step, ~15 ms a reset of a seed already loaded in the process)."""
+    """Loose bounds, which hold on a busy machine too (measured: ~4 ms a step, ~15 ms a reset of a seed already
+    loaded in the process; 80 ms and 220 ms with three jobs on two cores). Compiling the game again at every reset
+    would take ~0.7 s."""
     import time
     env.reset(5)
     start = time.perf_counter()
@@ -252,7 +254,7 @@ def test_speed_is_reasonable(env):
         env.step(action)
         n += 1
     step_s = (time.perf_counter() - start) / n
-    assert reset_s < 0.15 and step_s < 0.05, (reset_s, step_s)
+    assert reset_s < 0.5 and step_s < 0.2, (reset_s, step_s)
 
 
 def search_walk(seeds, stray=0.3, rng_seed=0):
