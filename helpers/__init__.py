@@ -1,3 +1,4 @@
 """What a first reading of the numbered scripts skips: the tiny model, its tokenizer and LoRA (model.py), batching,
-sampling and the exact speed-ups (batches.py), run management: checkpoints, adapter export, logs (runs.py), and the
-command line (cli.py). The scripts import from here; nothing here imports a script."""
+sampling and the exact speed-ups (batches.py), run management: checkpoints, adapter export, logs (runs.py), the
+command line (cli.py) and the analysis figures (plots.py). The scripts import from here; nothing here imports a
+script."""

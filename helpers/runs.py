@@ -142,3 +142,13 @@ def trim_logs(out_dir, update):
             hit = re.match(pattern, name)
             if hit and int(hit.group(1)) > update:
                 os.remove(os.path.join(folder, name))
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def series(rows, key):
+    """(updates, values) of the rows where key holds a finite number."""
+    pts = [(r["update"], r[key]) for r in rows if finite(r.get(key))]
+    return [u for u, _ in pts], [v for _, v in pts]

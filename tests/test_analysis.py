@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import load, ROOT
+from helpers.plots import pca2
 
 F, R, A = load("01_formats"), load("02_rollouts"), load("06_analysis")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -102,7 +103,7 @@ def test_fisher_ratio_separated_beats_overlapping():
 
 def test_pca2_finds_the_spread_direction():
     X, _ = clusters(10.0)
-    Z = A.pca2(X)
+    Z = pca2(X)
     assert Z.shape == (40, 2) and Z[:, 0].var() > 5 * Z[:, 1].var()
 
 
