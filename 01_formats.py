@@ -188,12 +188,14 @@ _POOL = {}
 EVAL_SPLIT = {"alfworld": "valid_seen", "webshop": "test"}  # verl-agent's held-out split of the real data
 
 
-def use_data(env_name, data="", split="train", goals="synthetic", eval_split=None):
+def use_data(env_name, data="", split="train", goals="synthetic", eval_split=None, single_turn=False):
     """The scripts' --data/--split/--goals: play the real benchmark (envs/alfworld_data.py, envs/webshop_data.py)
     instead of the synthetic env from here on. A missing or malformed data folder (or split, eval_split included)
-    ends the script in one line."""
+    ends the script in one line. single_turn: the synthetic env's one-decision task (03's --single_turn)."""
+    if single_turn and data:
+        raise SystemExit("error: --single_turn plays the synthetic envs only; leave out --data")
     if not data:
-        configure(env_name)  # the synthetic env, whatever an earlier call set
+        configure(env_name, **({"single_turn": True} if single_turn else {}))  # whatever an earlier call set
         return
     configure(env_name, data=data, split=split, **({"goals": goals} if env_name == "webshop" else {}))
     try:

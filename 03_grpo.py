@@ -348,6 +348,10 @@ class Args:
     """with --data, what validation and --eval_ckpt play; '' = alfworld valid_seen, webshop test (the first 500)"""
     goals: str = "synthetic"
     """with --data on webshop: synthetic (items_ins_v2, verl-agent's default) or human (items_human_ins) goals"""
+    single_turn: bool = False
+    """play the env's one-decision task instead (the contrast with single-turn RL; synthetic envs only): ALFWorld's
+    first action, rewarded 10 when it is the all-knowing expert's first step; WebShop's product choice on the
+    results page of the instruction's search, rewarded 10 when the product fits"""
     train_pool: int = 5000
     """train task seeds are drawn from 0..train_pool-1 (validation seeds start at --val_seed)"""
     train_seeds: str = ""
@@ -394,7 +398,7 @@ def check_args(args, advantages=ADVANTAGES, tag=""):
         raise SystemExit(f"error: unknown algo {args.algo!r}; choose from {', '.join(sorted(advantages))}")
     F.resolve_dtype(args.dtype)  # one-line error on a bad name
     args.eval_split = args.eval_split or (F.EVAL_SPLIT[args.env] if args.data else "")
-    F.use_data(args.env, args.data, args.split, args.goals, args.eval_split)
+    F.use_data(args.env, args.data, args.split, args.goals, args.eval_split, args.single_turn)
     if args.report_to not in ("tensorboard", "wandb", "none"):
         raise SystemExit(f"error: --report_to must be tensorboard, wandb or none, got {args.report_to!r}")
     if args.report_to == "wandb" and importlib.util.find_spec("wandb") is None:

@@ -897,7 +897,8 @@ def expert_steps(run, rollouts, tok, args):
     ra = run_args(run)
     env = ra.get("env", "alfworld")
     seeds = sorted({ep["seed"] for u in rollouts for ep in rollouts[u] if "seed" in ep})
-    F.use_data(env, ra.get("data", ""), ra.get("split", "train"), ra.get("goals", "synthetic"))
+    F.use_data(env, ra.get("data", ""), ra.get("split", "train"), ra.get("goals", "synthetic"),
+               single_turn=ra.get("single_turn", False))
     demos = F.demo_pairs(tok, F.expert_demos(env, seeds, ra.get("history_length", 2), ra.get("max_steps") or None))
     return random.Random(args.seed).sample(demos, min(args.rescore_samples, len(demos)))
 

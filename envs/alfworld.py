@@ -300,12 +300,16 @@ def _simulate(v, step):
 class AlfWorldEnv:
     """ALFWorld household task: reset(seed) -> (obs, info); step(action) -> (obs, reward, done, info)."""
 
-    def __init__(self, max_steps=25, expert="oracle"):
+    def __init__(self, max_steps=25, expert="oracle", single_turn=False):
         """expert: oracle (knows where everything is; its plans are as short as TextWorld's planner's) or search
-        (sees only what the agent sees, see _search)."""
+        (sees only what the agent sees, see _search).
+        single_turn: the one-decision version of the task, for the contrast with single-turn RL: the first action
+        ends the episode, with reward 10 when it is the all-knowing expert's first step (mostly: go to where the
+        goal object is), else 0."""
         if expert not in EXPERTS:
             raise ValueError(f"unknown ALFWorld expert {expert!r}; choose {' or '.join(EXPERTS)}")
-        self.max_steps, self._expert = max_steps, EXPERTS[expert]
+        self.max_steps, self._expert = (1 if single_turn else max_steps), EXPERTS[expert]
+        self.single_turn, self._won = single_turn, False
         self._game = _Game(textworld.EnvInfos(admissible_commands=True, won=True))
         self._seed, self._task, self.done, self.steps = None, None, True, 0
 
@@ -315,7 +319,7 @@ class AlfWorldEnv:
             self._game.load(self._task["problem"])
             self._seed = seed
         state = self._game.reset()
-        self.steps, self.done = 0, False
+        self.steps, self.done, self._won = 0, False, False
         obs = state.feedback.replace(_BANNER, "").replace("Your task is to: UNKNOWN GOAL.", self._task["task"])
         info = self._info(state, True)
         v, plan = _view(self._game._pddl_state.facts), []
@@ -326,11 +330,17 @@ class AlfWorldEnv:
             plan.append(_command(step))
             _simulate(v, step)
         info["expert_plan"] = plan
+        if self.single_turn:
+            self._decision = _command(_expert(self._task["goal"], _view(self._game._pddl_state.facts)))
         return obs, info
 
     def step(self, action):
         if self._task is None:
             raise RuntimeError("call reset(seed) before step()")
+        if self.single_turn and not self.done:  # one decision: the all-knowing expert's first step wins
+            self.steps, self.done = self.steps + 1, True
+            self._won = action is not None and " ".join(str(action).lower().split()) == self._decision
+            return "The episode is over.", 10.0 if self._won else 0.0, True, self._info(self._game.state, True)
         if self.done or action is None:  # malformed response (None) or episode over: a no-op
             obs, state = "Nothing happens.", self._game.state
         else:
@@ -345,6 +355,7 @@ class AlfWorldEnv:
 
     def _info(self, state, valid):
         step = None if self.done else self._expert(self._task["goal"], _view(self._game._pddl_state.facts))
-        return {"task": self._task["task"], "task_type": self._task["task_type"], "won": bool(state["won"]),
+        return {"task": self._task["task"], "task_type": self._task["task_type"],
+                "won": bool(state["won"]) or self._won,
                 "admissible_actions": [c for c in state["admissible_commands"] if c != "help"],
                 "is_action_valid": valid, "expert_action": step and _command(step)}

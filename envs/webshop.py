@@ -122,12 +122,18 @@ def purchase_score(goal, product, selected):
 class WebShopEnv:
     """WebShop task: reset(seed) -> (obs, info); step(action) -> (obs, reward, done, info). See the module doc."""
 
-    def __init__(self, num_products=500, catalog_seed=0, max_steps=10, page_size=10, expert="oracle"):
+    def __init__(self, num_products=500, catalog_seed=0, max_steps=10, page_size=10, expert="oracle",
+                 single_turn=False):
+        """single_turn: the one-decision version of the task, for the contrast with single-turn RL. The episode
+        starts on the results page of the instruction's search; one click on a product ends it, with reward 10 when
+        the product fits the goal (any other action: 0). A fitting product is on that page for every one of the
+        first 300 seeds (about 2 of the 10 fit)."""
         if expert not in ("oracle", "browse", "visible"):
             raise ValueError(f"unknown WebShop expert {expert!r}; choose oracle, browse or visible")
         self.products = build_catalog(num_products, catalog_seed)
         self.by_asin = {p.asin.lower(): i for i, p in enumerate(self.products)}
-        self.max_steps, self.page_size, self.expert = max_steps, page_size, expert
+        self.max_steps, self.page_size, self.expert = (1 if single_turn else max_steps), page_size, expert
+        self.single_turn = single_turn
         self.goal, self.done = None, True
 
     # ------------------------------------------------------------------ episode
@@ -137,6 +143,8 @@ class WebShopEnv:
         self.page, self.results, self.page_no, self.item, self.selected = "search", [], 0, None, {}
         self.opened = set()  # products whose item page this episode has shown (the browse expert skips them)
         self.came_from = None  # the item just left with < prev (the visible expert tries the results after it)
+        if self.single_turn:
+            self._act(f"search[{self.goal['instruction']}]")
         return self._obs(), self._info(True)
 
     def step(self, action):
@@ -145,6 +153,13 @@ class WebShopEnv:
         if self.done:  # after the end nothing changes, and nothing is counted
             return self._obs(), 0.0, True, self._info(action is not None)
         self.steps += 1
+        if self.single_turn:  # one click: a product that fits wins
+            arg = re.fullmatch(r"click\[(.*)\]", " ".join(str(action).lower().split())) if action else None
+            shown = {self.products[i].asin.lower(): i for i in self._shown()}
+            pick = shown.get(arg.group(1).strip()) if arg else None
+            self.won = pick is not None and self.fits(self.products[pick])
+            self.done, self.page, self.score = True, "done", float(self.won)
+            return self._obs(), 10.0 if self.won else 0.0, True, self._info(action is not None)
         option_click = hallucinated = False
         if action is not None:  # None: a malformed response, a no-op
             option_click, hallucinated = self._act(" ".join(str(action).lower().split()))

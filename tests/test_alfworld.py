@@ -327,3 +327,20 @@ def test_search_expert_takes_only_what_it_has_seen_and_wins_in_one_sweep():
         wins, steps = wins + info["won"], steps + env.steps
     oracle = sum(len(AlfWorldEnv().reset(seed)[1]["expert_plan"]) for seed in range(40))
     assert wins >= 36 and steps > 1.5 * oracle  # a sweep finds everything within 25 steps, but not the short way
+
+
+def test_single_turn_rewards_the_oracles_first_step():
+    """--single_turn: the first action ends the episode; the all-knowing expert's first step wins 10, any other
+    admissible action 0."""
+    env = AlfWorldEnv(single_turn=True)
+    oracle = AlfWorldEnv()
+    for seed in range(5):
+        _, info = env.reset(seed)
+        first = oracle.reset(seed)[1]["expert_action"]
+        assert env.max_steps == 1 and first in info["admissible_actions"]
+        _, r, done, info = env.step(first)
+        assert (r, done, info["won"]) == (10.0, True, True)
+        _, info = env.reset(seed)
+        other = next(a for a in info["admissible_actions"] if a != first)
+        _, r, done, info = env.step(other)
+        assert (r, done, info["won"]) == (0.0, True, False)

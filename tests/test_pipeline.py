@@ -270,3 +270,13 @@ def test_rollout_only_control_plays_what_an_lr0_run_plays(small_base, tmp_path):
     state = torch.load(tmp_path / "only" / "ckpt" / "state.pt", weights_only=False)["params"]
     lora_b = [v for k, v in state.items() if "lora_B" in k]
     assert lora_b and all(not v.any() for v in lora_b)  # PEFT starts B at 0; nothing moved it
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop"])
+def test_single_turn_run_plays_one_decision_per_episode(small_base, tmp_path, env):
+    G.main(quick(small_base, tmp_path, "--env", env, "--single_turn", "--val_every", "0", "--analyse", "false",
+                 "--report_to", "none", "--max_steps", "0"))
+    assert [r["mean_steps"] for r in rows(tmp_path)] == [1.0, 1.0]
+    with pytest.raises(SystemExit, match="synthetic envs only"):
+        G.main(quick(small_base, tmp_path / "real", "--env", env, "--single_turn", "--data", str(tmp_path)))
+    F.use_data(env)  # the multi-turn env again for the tests after this one

@@ -385,3 +385,24 @@ def test_visible_expert_never_reads_hidden_attributes():
         assert visible_walk(env, seed, 0, random.Random(0)) == visible_walk(bare, seed, 0, random.Random(0))
         wins[0], wins[1] = wins[0] + env.won, wins[1] + bare.won
     assert wins[0] >= 45 and wins[1] < wins[0]
+
+
+def test_single_turn_is_one_product_choice():
+    """--single_turn: the episode starts on the results page of the instruction's search and one action ends it;
+    a product that fits wins 10, one that does not (or anything but a product) 0."""
+    env = WebShopEnv(single_turn=True)
+    for seed in range(10):
+        obs, info = env.reset(seed)
+        assert info["page"] == "results" and env.max_steps == 1
+        shown = [env.products[i] for i in env._shown()]
+        good = [p for p in shown if env.fits(p)]
+        bad = [p for p in shown if not env.fits(p)]
+        assert good and bad
+        for product, reward in ((good[0], 10.0), (bad[0], 0.0)):
+            env.reset(seed)
+            _, r, done, info = env.step(f"click[{product.asin.lower()}]")
+            assert (r, done, info["won"]) == (reward, True, reward > 0)
+            assert env.step(f"click[{good[0].asin.lower()}]")[1] == 0.0  # over: nothing counts any more
+        env.reset(seed)
+        assert env.step("click[next >]")[1:3] == (0.0, True)
+    assert make_env("webshop", single_turn=True).single_turn
