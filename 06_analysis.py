@@ -41,6 +41,8 @@ hidden_mean, like SEAL's head, averages the states at the response tokens y_k th
 Separation of the trajectory-mean hidden states hbar (hidden_mean averaged over an episode's steps), correct vs wrong:
     Fisher ratio S = ||mu_c - mu_w||^2 / (tr Sigma_c + tr Sigma_w),   Sigma = (1/n) sum (hbar - mu)(hbar - mu)^T
     (scale-free; 0 = same means; grows as the classes pull apart relative to their spread). Maps: top-2 PCA by SVD.
+    Its null: the same ratio with the correct/wrong labels shuffled (same counts, 200 times); p = the share of
+    shuffles at least as separated (separation-null.json beside separation.json, and summary.md).
 Gradient interference (Lemma 3.3 per sample) at a checkpoint, on G saved steps j with advantages A_j:
     c_j = (1/G) sum_i <g_i, g_j>, g_j = grad_LoRA l_j;  (1/G) sum_j A_j c_j > 0 <=> a GRPO step raises mean l_i.
 
@@ -660,6 +662,26 @@ def fisher_ratio(X, won):
     return (((c.mean(0) - w.mean(0)) ** 2).sum() / (spread(c) + spread(w)).clamp(min=1e-12)).item()
 
 
+def fisher_null(X, won, perms=200, seed=0):
+    """C2's null: the Fisher ratio with the correct/wrong labels shuffled over the same rows (same counts), `perms`
+    times. With few rows in a class the ratio is large by chance (14 vs 2 random rows give ~0.3), so a ratio means
+    overlap or separation only against this. Returns the observed ratio, the null's median and 95th percentile, and
+    p = (1 + #{null >= observed}) / (1 + perms) (small: more separated than chance); None if a class has < 2 rows."""
+    ratio = fisher_ratio(X, won)
+    if not math.isfinite(ratio):
+        return None
+    rng = random.Random(seed)
+    won = list(won)
+    null = []
+    for _ in range(perms):
+        rng.shuffle(won)
+        null.append(fisher_ratio(X, won))
+    null.sort()
+    return {"ratio": ratio, "null_median": null[perms // 2], "null_q95": null[int(0.95 * (perms - 1))],
+            "p": (1 + sum(v >= ratio for v in null)) / (1 + perms), "perms": perms,
+            "n_correct": int(sum(won)), "n_wrong": len(won) - int(sum(won))}
+
+
 def trajectory_hidden(ep):
     """The episode's mean hidden state: hidden_mean averaged over its steps (each step weighs the same)."""
     hs = [s["hidden_mean"] for s in ep["steps"] if s.get("hidden_mean")]
@@ -729,18 +751,26 @@ def analyse_run(run, args):
     ra = run_args(run)
     outcomes = webshop_outcomes(rollouts, ra) if rollouts and ra.get("env") == "webshop" else None
     sep_file = os.path.join(run, "separation.json")  # rollouts (8 MB a run) are not committed, this file is
+    null_file = os.path.join(run, "separation-null.json")
+    separation, null = {}, {}
     if hid:
         separation = {u: fisher_ratio(X, w) for u, (X, w) in hid.items()}
+        null = {u: fisher_null(X, w, seed=args.seed) for u, (X, w) in hid.items()}
         with open(sep_file, "w") as f:
             json.dump({str(u): v for u, v in separation.items()}, f)
-    elif os.path.exists(sep_file):
-        with open(sep_file) as f:
-            separation = {int(u): v for u, v in json.load(f).items()}
+        with open(null_file, "w") as f:
+            json.dump({str(u): v for u, v in null.items()}, f)
     else:
-        separation = {}
+        if os.path.exists(sep_file):
+            with open(sep_file) as f:
+                separation = {int(u): v for u, v in json.load(f).items()}
+        if os.path.exists(null_file):
+            with open(null_file) as f:
+                null = {int(u): v for u, v in json.load(f).items()}
     return {"run": run, "name": name, "rows": rows, "updates": ups, "entropy": ent, "phases": ph,
             "eruptions": [tuple(ups[i] for i in iv) for iv in ph["intervals"]], "hidden": hid,
-            "separation": separation, "outcomes": outcomes, "by_type": by_task_type(rollouts)}
+            "separation": separation, "separation_null": null, "outcomes": outcomes,
+            "by_type": by_task_type(rollouts)}
 
 
 def run_stats(info, window):
@@ -762,6 +792,7 @@ def run_stats(info, window):
     return {"updates": len(rows), "eruptions": info["eruptions"], "threshold": info["phases"]["threshold"],
             "per_phase": per_phase, "start_end": edge, "inside_outside": io,
             "separation_first_last": (sep[0], sep[-1]) if sep else None, "rollout_updates": sorted(info["hidden"]),
+            "separation_null": {u: v for u, v in info.get("separation_null", {}).items() if v},
             "outcomes": info["outcomes"], "by_type": info.get("by_type") or {}}
 
 
@@ -960,6 +991,14 @@ def write_summary(infos, stats, pngs, args, path, noise=None):
                   (f"update {sep[0][0]}: {fmt(sep[0][1])} -> update {sep[1][0]}: {fmt(sep[1][1])}" if sep else
                    f"n/a ({'no rollout records' if not st['rollout_updates'] else 'fewer than 2 correct or 2 wrong'}"
                    " trajectories at every saved update)")]
+        nulls = st.get("separation_null") or {}
+        if nulls:  # C2's null: the same ratio under shuffled labels
+            perms = next(iter(nulls.values()))["perms"]
+            lines.append(f"- separation against shuffled correct/wrong labels (same counts, {perms} shuffles), per "
+                         "saved update: " + "; ".join(
+                             f"{u}: {fmt(v['ratio'])} vs null median {fmt(v['null_median'])} (95%: "
+                             f"{fmt(v['null_q95'])}), p = {v['p']:.3g}, {v['n_correct']} / {v['n_wrong']}"
+                             for u, v in sorted(nulls.items())))
         if st["outcomes"]:
             oc = st["outcomes"]
             lines.append(f"- WebShop outcomes of the {oc['episodes']} saved episodes (replayed): " +
@@ -1040,7 +1079,8 @@ def analyse_logs(args):
         if res is not None:
             st["rescore"] = res
             if res["points"]:
-                pngs[info["name"]].append(plot_rescore(info, res, out(f"rescore-{safe_name(info['name'])}.png"), LOGP_KEYS))
+                png = out(f"rescore-{safe_name(info['name'])}.png")
+                pngs[info["name"]].append(plot_rescore(info, res, png, LOGP_KEYS))
         print(f"{info['name']}: {st['updates']} updates, {len(st['eruptions'])} eruption(s) {st['eruptions']}")
     path = write_summary(infos, stats, pngs, args, out("summary.md"), noise)
     print(f"wrote {path} and {sum(len(v) for v in pngs.values())} plots")

@@ -101,6 +101,22 @@ def test_fisher_ratio_separated_beats_overlapping():
     assert math.isnan(A.fisher_ratio(X[:3], [True, False, False]))  # one correct trajectory: undefined
 
 
+def test_fisher_null_tells_separation_from_small_class_chance():
+    """C2's null: separated clusters beat every shuffle; random rows do not; with 14 vs 2 random rows the ratio is
+    large by chance, and the null's median shows it (the reason a ratio alone says nothing about overlap)."""
+    sep = A.fisher_null(*clusters(6.0), perms=100)
+    assert sep["p"] == pytest.approx(1 / 101) and sep["ratio"] > 10 * sep["null_q95"]
+    assert (sep["n_correct"], sep["n_wrong"]) == (20, 20)
+    noise = [A.fisher_null(*clusters(0.0, seed=k), perms=100, seed=k)["p"] for k in range(20)]
+    assert 0.2 < sum(noise) / len(noise) < 0.8  # p roughly uniform when the labels carry nothing
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(16, 8, generator=g, dtype=torch.float64)
+    few = A.fisher_null(X, [True] * 2 + [False] * 14, perms=100)
+    even = A.fisher_null(X, [True, False] * 8, perms=100)
+    assert few["null_median"] > 2 * even["null_median"] and few["p"] > 0.05
+    assert A.fisher_null(X[:3], [True, False, False]) is None
+
+
 def test_pca2_finds_the_spread_direction():
     X, _ = clusters(10.0)
     Z = pca2(X)
@@ -419,3 +435,4 @@ def test_separation_is_kept_with_the_logs_when_rollouts_are_gone(tmp_path):
     again = A.main(["--runs", run, "--out_dir", str(tmp_path / "b")])["logs"]["stats"]["grpo-alfworld-s0"]
     flat = lambda pairs: [x for pair in pairs for x in pair]  # noqa: E731
     assert flat(again["separation_first_last"]) == pytest.approx(flat(first["separation_first_last"]))
+    assert first["separation_null"] and again["separation_null"] == first["separation_null"]  # kept as well
