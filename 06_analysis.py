@@ -652,6 +652,26 @@ def noise_threshold(control_entropy, window, k):
             "updates": len(control_entropy)}
 
 
+def eruption_sweep(entropy, window, control_entropy=None, ks=(2, 3, 4, 6)):
+    """C1 over a range of thresholds: for k in ks, thr = k sd sqrt(2 / w) with sd from the no-learning control
+    (when given) and from the run's own update-to-update noise; per threshold the eruptions, how many subsided (the
+    peak was confirmed: the curve fell back by more than thr) and how many came back to the level they rose from.
+    {source: {k: {"threshold", "eruptions", "subsided", "returned"}}}."""
+    out = {}
+    for source, series_ in (("control", control_entropy), ("own", entropy)):
+        if not series_ or len(series_) < 3:
+            continue
+        out[source] = {}
+        for k in ks:
+            thr = noise_threshold(series_, window, k)["threshold"]
+            ph = label_phases(entropy, window, rise_abs=thr)
+            s, iv = ph["smoothed"], ph["intervals"]
+            fall = [(s[p] - min(s[p:e + 1]), min(s[p:e + 1]) - s[a]) for a, p, e in iv]  # how far down, vs start
+            out[source][k] = {"threshold": thr, "eruptions": len(iv), "subsided": sum(d > thr for d, _ in fall),
+                              "returned": sum(d > thr and r <= 0 for d, r in fall)}
+    return out
+
+
 def fisher_ratio(X, won):
     """||mu_c - mu_w||^2 / (tr Sigma_c + tr Sigma_w) for rows X [n, d] split by won; NaN if a class has < 2 rows."""
     X, won = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(won, dtype=torch.bool)
@@ -991,6 +1011,12 @@ def write_summary(infos, stats, pngs, args, path, noise=None):
                   (f"update {sep[0][0]}: {fmt(sep[0][1])} -> update {sep[1][0]}: {fmt(sep[1][1])}" if sep else
                    f"n/a ({'no rollout records' if not st['rollout_updates'] else 'fewer than 2 correct or 2 wrong'}"
                    " trajectories at every saved update)")]
+        for source, rows_ in (st.get("eruption_sweep") or {}).items():
+            whose = "the control's" if source == "control" else "the run's own"
+            lines.append(f"- eruptions by threshold, k x {whose} update-to-update noise (count, subsided, back to "
+                         "their starting level): " + "; ".join(
+                             f"k {k} ({r['threshold']:.4f} nats): {r['eruptions']}, {r['subsided']}, {r['returned']}"
+                             for k, r in rows_.items()))
         nulls = st.get("separation_null") or {}
         if nulls:  # C2's null: the same ratio under shuffled labels
             perms = next(iter(nulls.values()))["perms"]
@@ -1045,9 +1071,10 @@ def safe_name(name):
 def analyse_logs(args):
     """The log-analysis mode: plots (a)-(f) and summary.md for the runs in --runs."""
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    noise = None
+    noise, control = None, None
     if args.control:  # the rule is fixed by the control before any trained run is looked at
-        noise = noise_threshold(series(load_metrics(args.control), "entropy")[1], args.smooth, args.rise_sd)
+        control = series(load_metrics(args.control), "entropy")[1]
+        noise = noise_threshold(control, args.smooth, args.rise_sd)
         noise["run"] = args.control
         args.rise_abs = noise["threshold"]
     infos = [analyse_run(r, args) for r in runs]
@@ -1067,6 +1094,7 @@ def analyse_logs(args):
     stats = {}
     for info in infos:
         st = stats[info["name"]] = run_stats(info, args.smooth)
+        st["eruption_sweep"] = eruption_sweep(info["entropy"], args.smooth, control)
         pngs[info["name"]] = []
         if info["hidden"]:
             pngs[info["name"]].append(plot_hidden(info, out(f"hidden-{safe_name(info['name'])}.png")))

@@ -84,6 +84,25 @@ def test_smooth_keeps_the_peak():
     assert A.smooth([1.0, 2.0, 3.0], 1) == [1.0, 2.0, 3.0]
 
 
+def test_eruption_sweep_counts_over_thresholds_and_whether_they_subside():
+    """C1 over thresholds: a control of pure noise sets the scale; one clear bump on that noise is one eruption that
+    subsides and comes back at every k, the noise alone has none at large k, and a rise that never comes down is
+    counted but not as subsided."""
+    rng = random.Random(0)
+    noise = [0.05 + rng.gauss(0, 0.002) for _ in range(80)]
+    bumped = [x + y for x, y in zip(noise, bump(80, 40, height=0.1, width=5.0))]
+    sweep = A.eruption_sweep(bumped, 5, control_entropy=noise)
+    assert set(sweep) == {"control", "own"} and list(sweep["control"]) == [2, 3, 4, 6]
+    for k in (4, 6):
+        assert (sweep["control"][k]["eruptions"], sweep["control"][k]["subsided"], sweep["control"][k]["returned"]) \
+            == (1, 1, 1)
+    assert A.eruption_sweep(noise, 5, control_entropy=noise)["control"][6]["eruptions"] == 0
+    rise = [x + 0.1 / (1 + math.exp(-(t - 60) / 2)) for t, x in enumerate(noise)]  # up at 60 and stays up
+    r = A.eruption_sweep(rise, 5, control_entropy=noise)["control"][6]
+    assert r["eruptions"] == 1 and r["subsided"] == 0 and r["returned"] == 0
+    assert "control" not in A.eruption_sweep(bumped, 5)  # no control: the run's own noise only
+
+
 # --------------------------------------------------------------------------------------------- separation
 def clusters(gap, n=40, d=8, seed=0):
     g = torch.Generator().manual_seed(seed)
