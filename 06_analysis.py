@@ -1210,20 +1210,34 @@ def results_table(infos, path):
         lines.append(f"| {r['run']} | {r['algo']} | {r['seed']} | {r['eruptions']} | {fmt(r['peak'])} | {fmt(r['area'])}"
                      f" | {fmt(r['success'][0])} / {fmt(r['success'][1])} | {cell(r['held_out'], r['tasks'])} |")
     lines += ["", "| algorithm | runs | eruptions per run | entropy area | held-out success mean +- sd (tasks) | with vs "
-              "without SEAL, paired over seeds x tasks (gained / lost, p) |", "|---|---|---|---|---|---|"]
+              "without SEAL over seeds: ahead / behind (sign test p), mean difference | with vs without SEAL, paired "
+              "over seeds x tasks (gained / lost, p; secondary) |", "|---|---|---|---|---|---|---|"]
     for algo, rs in sorted(per.items(), key=lambda kv: algo_order(kv[0])):
         ho = [r for r in rs if r["held_out"] is not None]
         without = re.sub(r"\+seal( alpha \S+)?", "", algo)  # the same algorithm without SEAL, any alpha
         base = {r["seed"]: r for r in per.get(without, [])} if "+seal" in algo else {}
         pairs = [p for p in (paired(base[r["seed"]]["path"], r["path"]) for r in rs if r["seed"] in base) if p]
         test = sign_test([x for a, _, _ in pairs for x in a], [x for _, b, _ in pairs for x in b]) if pairs else None
+        diffs = [mean(b) - mean(a) for a, b, _ in pairs]  # the training seed is the unit: one difference per seed
+        seeds = sign_test([int(d < 0) for d in diffs], [int(d > 0) for d in diffs]) if diffs else None
         sizes = "/".join(str(n) for n in sorted({r["tasks"] for r in ho}))
         lines.append(f"| {algo} | {len(rs)} | {fmt(mean([r['eruptions'] for r in rs]))} | "
                      f"{fmt(mean([r['area'] for r in rs]))} | "
                      + (f"{fmt(mean([r['held_out'] for r in ho]))} +- {fmt(sd([r['held_out'] for r in ho]))} ({sizes})"
                         if ho else "n/a") + " | "
+                     + (f"{seeds['gained']} / {seeds['lost']} of {len(diffs)} (p={seeds['p']:.3g}), "
+                        f"{mean(diffs):+.3f} +- {fmt(sd(diffs))}" if seeds else "n/a") + " | "
                      + (f"{test['gained']} / {test['lost']}, p={test['p']:.3g} "
                         f"({'/'.join(sorted({str(k[2]) for _, _, k in pairs}))} tasks)" if test else "n/a") + " |")
+    types = sorted({t for r in rows if r["key"] for t in (held_out(r["path"]).get("val_by_type") or {})})
+    if types:  # ALFWorld: held-out success per task type, mean +- sd over seeds
+        lines += ["", "| algorithm | " + " | ".join(t.replace("_", " ") for t in types) + " |",
+                  "|---|" + "---|" * len(types)]
+        for algo, rs in sorted(per.items(), key=lambda kv: algo_order(kv[0])):
+            by = [held_out(r["path"]).get("val_by_type") or {} for r in rs if r["key"]]
+            rates = {t: [b[t][0] / b[t][1] for b in by if b.get(t) and b[t][1]] for t in types}
+            lines.append(f"| {algo} | " + " | ".join(f"{fmt(mean(v))} +- {fmt(sd(v))}" if v else "n/a"
+                                                     for v in rates.values()) + " |")
     keys = sorted({r["key"] for r in rows if r["key"]}, key=lambda k: k[2])
     bases = {}
     for i in infos:  # the runs' paired passes share one base pass per task set (results/matrix/eval.sh)

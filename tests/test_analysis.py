@@ -3,6 +3,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 
@@ -367,17 +368,44 @@ def test_results_table_keeps_an_alpha_sweep_apart_and_pairs_it_with_the_run_with
                       "phases": {"smoothed": [0.1]}, "updates": [1]})
     assert [A.label(i["run"]) for i in infos] == ["grpo", "grpo+seal", "grpo+seal alpha 0.1"]
     table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
-    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.833 +- n/a (6) | 3 / 0, p=0.25 (6 tasks) |" in table
-    assert "| grpo+seal alpha 0.1 | 1 | 0.000 | 0.000 | 0.167 +- n/a (6) | 0 / 1, p=1 (6 tasks) |" in table
+    assert ("| grpo+seal | 1 | 0.000 | 0.000 | 0.833 +- n/a (6) | 1 / 0 of 1 (p=1), +0.500 +- n/a | 3 / 0, p=0.25 "
+            "(6 tasks) |") in table
+    assert ("| grpo+seal alpha 0.1 | 1 | 0.000 | 0.000 | 0.167 +- n/a (6) | 0 / 1 of 1 (p=1), -0.167 +- n/a | "
+            "0 / 1, p=1 (6 tasks) |") in table
     with open(tmp_path / "s" / "eval.jsonl", "a") as f:
         f.write(ev([1] * 8 + [0] * 4))  # a larger pass is the run's score; the partner has none, so no pair on it
         f.write(ev([1] * 6))  # a later pass on the shared 6 tasks replaces the first one in the pair
     table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
     assert "| s | grpo+seal | 0 | 0 | 0.000 | 0.000 | 0.500 / 0.500 | 0.667 (12) |" in table
-    assert "| grpo+seal | 1 | 0.000 | 0.000 | 0.667 +- n/a (12) | 4 / 0, p=0.125 (6 tasks) |" in table
+    assert ("| grpo+seal | 1 | 0.000 | 0.000 | 0.667 +- n/a (12) | 1 / 0 of 1 (p=1), +0.667 +- n/a | "
+            "4 / 0, p=0.125 (6 tasks) |") in table
     with open(tmp_path / "g" / "eval.jsonl", "a") as f:  # another seed set of the same size is not the same tasks
         f.write(json.dumps({"ckpt": "x", "val_won": [0] * 12, "val_success": 0.0, "val_seed": 8, "val_tasks": 12}) + "\n")
     assert "4 / 0, p=0.125 (6 tasks)" in open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
+
+
+def test_results_table_tests_seal_over_training_seeds_and_by_task_type(tmp_path):
+    """The training seed is the unit: one held-out difference per seed, a sign test over seeds; the pooled test over
+    seeds x tasks is secondary. ALFWorld passes also give success per task type, mean +- sd over seeds."""
+    infos = []
+    for seed, (plain, seal) in enumerate(((2, 4), (3, 5), (4, 3), (1, 6))):  # wins of 8 tasks: SEAL ahead in 3 of 4
+        for name, alpha, wins in (("g", 0, plain), ("s", 0.02, seal)):
+            run = tmp_path / f"{name}{seed}"
+            run.mkdir()
+            (run / "args.json").write_text(json.dumps({"algo": "grpo", "alpha": alpha, "lr": 1e-3, "seed": seed}))
+            won = [1] * wins + [0] * (8 - wins)
+            by_type = {"pick_and_place_simple": [won[:4].count(1), 4], "pick_two_obj_and_place": [won[4:].count(1), 4]}
+            (run / "eval.jsonl").write_text(json.dumps({"ckpt": "x", "val_won": won, "val_success": wins / 8,
+                                                        "val_seed": 7, "val_tasks": 8, "val_by_type": by_type}) + "\n")
+            infos.append({"run": str(run), "name": run.name, "rows": [{"update": 1, "success": 0.5}], "eruptions": [],
+                          "phases": {"smoothed": [0.1]}, "updates": [1]})
+    table = open(A.results_table(infos, str(tmp_path / "table.md"))[0]).read()
+    diffs = [2 / 8, 2 / 8, -1 / 8, 5 / 8]
+    sd = statistics.stdev(diffs)
+    assert f"| 3 / 1 of 4 (p=0.625), +{statistics.mean(diffs):.3f} +- {sd:.3f} |" in table
+    assert "| algorithm | pick and place simple | pick two obj and place |" in table
+    plain = [min(w, 4) / 4 for w in (2, 3, 4, 1)]
+    assert f"| grpo | {statistics.mean(plain):.3f} +- {statistics.stdev(plain):.3f} |" in table
 
 
 def test_snapshot_tallies_count_c4_intervals_and_c3_verdicts_per_run():
