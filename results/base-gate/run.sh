@@ -3,7 +3,8 @@
 # base, then the GRPO adapter's held-out pass on the same 512 tasks. Runs checkpoint every update, so rerunning
 # resumes; a finished run's args.json, metrics.jsonl and eval.jsonl go to results/base-gate/<env>-<name>-<run>/.
 # Usage: bash results/base-gate/run.sh ENV MODEL [NAME]     (MODEL: tiny = the shipped base, or a base folder)
-#   RUNS="grpo lr0" (default; RUNS=grpo and RUNS=lr0 in two shells run them side by side), UPDATES (120), LR (1e-3),
+#   RUNS="grpo lr0" (default; RUNS=grpo and RUNS=lr0 in two shells run them side by side; RUNS="" the base's
+#   pass alone), UPDATES (120), LR (1e-3),
 #   SEED (0), TASKS (512 held-out) override the plan's values for a trial run.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -18,7 +19,7 @@ if [ ! -s "$base/eval.jsonl" ]; then
   python 03_grpo.py $eval_flags --eval_ckpt base --out_dir "$base.tmp" >/dev/null 2>"$base.log"
   rm -rf "$base" && mv "$base.tmp" "$base"
 fi
-for run in ${RUNS:-grpo lr0}; do
+for run in ${RUNS-grpo lr0}; do
   out="runs/base-gate/$env-$name-$run"
   mkdir -p "$out"
   grep -q '"ckpt": "base"' "$out/eval.jsonl" 2>/dev/null || cat "$base/eval.jsonl" >>"$out/eval.jsonl"
