@@ -4,8 +4,7 @@
 # resumes; a finished run's args.json, metrics.jsonl and eval.jsonl go to results/base-gate/<env>-<name>-<run>/.
 # Usage: bash results/base-gate/run.sh ENV MODEL [NAME]     (MODEL: tiny = the shipped base, or a base folder)
 #   RUNS="grpo lr0" (default; RUNS=grpo and RUNS=lr0 in two shells run them side by side; RUNS="" the base's
-#   pass alone), UPDATES (120), LR (1e-3),
-#   SEED (0), TASKS (512 held-out) override the plan's values for a trial run.
+#   pass alone); UPDATES (120), LR (1e-3), SEED (0), TASKS (512 held-out) override the plan's values for a trial.
 set -eu
 cd "$(dirname "$0")/../.."
 env=$1 model=$2 name=${3:-base}
