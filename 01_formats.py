@@ -398,6 +398,8 @@ class Args:
     """'tiny' (the embedded default, built and cached here), or a Hugging Face id / local folder"""
     out_dir: str = os.path.join(ROOT, "base")
     """where the mid-trained base (model + tokenizer) is saved; the project ships its build in base/tiny"""
+    name: str = ""
+    """the base's folder under out_dir; '' = tiny (or the --model's name), with -real when built on real data"""
     envs: str = "alfworld,webshop"
     """the envs whose expert demos the base is mid-trained on and evaluated in"""
     alfworld_data: str = ""
@@ -450,7 +452,7 @@ class Args:
 
 
 def base_dir(args):
-    name = "tiny" if args.model == "tiny" else os.path.basename(args.model.rstrip("/"))
+    name = args.name or ("tiny" if args.model == "tiny" else os.path.basename(args.model.rstrip("/")))
     return os.path.join(args.out_dir, name + ("-real" if real_data(args) else ""))
 
 
