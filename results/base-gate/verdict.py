@@ -1,4 +1,5 @@
-"""The gate's verdict (PLAN.md) from the committed logs of one env's GRPO run and its control.
+"""The gate's verdict (PLAN.md) from the committed logs of one env's GRPO run and its control, then a Markdown table
+of both runs' means over blocks of 10 updates.
 
     python results/base-gate/verdict.py alfworld-search-fmt0.4
 """
@@ -34,7 +35,20 @@ def main(prefix):
             out["by_type"] = {k: [bt[k][0], at[k][0], bt[k][1]] for k in sorted(bt)}
     out["passes"] = bool(out.get("held_out_rule")) and out["train_rule"]
     print(json.dumps(out))
+    print(blocks(rows(grpo, "metrics.jsonl"), rows(control, "metrics.jsonl")))
     return out
+
+
+def blocks(grpo, control, size=10):
+    keys = (("success", "train success"), ("valid_ratio", "valid ratio"), ("entropy", "token entropy"))
+    head = "| updates | " + " | ".join(f"{name}, GRPO / control" for _, name in keys) + " | KL (GRPO) |"
+    lines = [head, "|---|" + "---|" * (len(keys) + 1)]
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    for a in range(0, len(grpo), size):
+        g, c = grpo[a:a + size], control[a:a + size]
+        cells = [f"{mean(g, k):.3f} / {mean(c, k):.3f}" if c else f"{mean(g, k):.3f} / n/a" for k, _ in keys]
+        lines.append(f"| {a + 1}-{a + len(g)} | " + " | ".join(cells) + f" | {mean(g, 'kl'):.3f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
