@@ -153,11 +153,10 @@ class WebShopEnv:
         if self.done:  # after the end nothing changes, and nothing is counted
             return self._obs(), 0.0, True, self._info(action is not None)
         self.steps += 1
-        if self.single_turn:  # one click: a product that fits wins
-            arg = re.fullmatch(r"click\[(.*)\]", " ".join(str(action).lower().split())) if action else None
-            shown = {self.products[i].asin.lower(): i for i in self._shown()}
-            pick = shown.get(arg.group(1).strip()) if arg else None
-            self.won = pick is not None and self.fits(self.products[pick])
+        if self.single_turn:  # one click: opening a product that fits wins
+            if action is not None:
+                self._act(" ".join(str(action).lower().split()))
+            self.won = self.page == "item" and self.fits(self.products[self.item])
             self.done, self.page, self.score = True, "done", float(self.won)
             return self._obs(), 10.0 if self.won else 0.0, True, self._info(action is not None)
         option_click = hallucinated = False
