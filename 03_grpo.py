@@ -321,7 +321,7 @@ class Args:
     separate"""
     max_grad_norm: float = 1.0
     rollout_only: bool = False
-    """a no-learning control in a third of the time: roll out and log each update, but skip the reference pass and
+    """a no-learning control in under half the time: roll out and log each update, but skip the reference pass and
     the update. The rollouts are those of --lr 0 (each update's tasks and sampling seed depend only on --seed and
     the update's index, and at lr 0 the adapter never moves); the loss, KL and gradient metrics are not logged"""
     max_skipped_steps: int = 3
@@ -588,7 +588,8 @@ def report(out_dir):
            "--lemmas", "false"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        print(f"\nthe analysis failed ({' '.join(cmd)}):\n{done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        print(f"\nthe analysis failed ({' '.join(cmd)}): {last}")
         return None
     with open(os.path.join(folder, "analysis.json")) as f:
         res = json.load(f)
