@@ -59,7 +59,7 @@ from dataclasses import dataclass, asdict
 
 import torch
 
-from helpers.runs import (json_line, load_adapter, load_ckpt, load_params, read_jsonl, save_adapter,  # noqa: F401
+from helpers.runs import (EVAL_KEY, json_line, load_adapter, load_ckpt, load_params, read_jsonl, save_adapter,  # noqa: F401
                           save_ckpt, sign_test, tracker_names, trim_logs)
 
 F = importlib.import_module("01_formats")
@@ -464,9 +464,6 @@ def evaluate(policy, tok, args):
     with open(file, "a") as f:
         f.write(json.dumps(m) + "\n")
     return m
-
-
-EVAL_KEY = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")  # passes on the same tasks
 
 
 # --------------------------------------------------------------------------------------------- the loop

@@ -104,6 +104,9 @@ def load_ckpt(policy, opt, path):
     return state["update"]
 
 
+EVAL_KEY = ("env", "val_seed", "val_tasks", "val_temperature", "data", "split", "goals")  # passes on the same tasks
+
+
 def json_line(row):
     """One JSONL line that any JSON reader takes: NaN and inf (e.g. the log-prob of correct steps when no episode
     was won, or the loss of an update whose steps were all skipped) are written as null."""
