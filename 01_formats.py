@@ -43,6 +43,7 @@ scripts after it write F.sample, F.pack, ...
         benchmarks' expert demos -> base/tiny-real; then 02-05 with --model base/tiny-real --data ...
 """
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -346,7 +347,7 @@ def demo_pairs(tok, dataset, max_len=1024):
 
 
 def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress=True, prompt_weight=0.0,
-        micro_batch=4):
+        micro_batch=4, ckpt=None, ckpt_every=50):
     """NLL on expert demos: response tokens, plus `prompt_weight` x the mean NLL of the prompt tokens.
 
     The prompt term is plain language modelling on env text. Prompts repeat their own strings (product ids, queries,
@@ -354,6 +355,9 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
     from the context; with response-only loss the tiny model memorised training ids and queries instead of copying.
     Each batch runs as length-sorted micro-batches whose gradients add up to the batch's: padding 16 random demos
     to the longest cost 1.8 s a step in the default build, sorted micro-batches of 4 cost 1.1 s.
+    ckpt: a file that holds the weights, optimizer, schedule and sampler every `ckpt_every` steps; a build killed
+    midway resumes from it and ends with the same weights as one that ran through (a long build on a CPU outlives
+    a shell). It records what it was started with, so a file from another build is not resumed.
     Returns the list of response losses."""
     if steps <= 0:
         return []
@@ -364,8 +368,19 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
     model.train()
     body, head = body_and_head(model)
-    losses = []
-    for step in tqdm(range(steps), desc="mid-training SFT", disable=not progress):
+    losses, start = [], 0
+    setup = ckpt and sft_setup(model, tok, dataset, steps, lr, batch_size, seed, prompt_weight)
+    if ckpt and os.path.exists(ckpt):
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if state["setup"] == setup:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            rng.setstate(state["rng"])
+            losses, start = state["losses"], state["step"]
+            if progress:
+                print(f"mid-training SFT resumes at step {start} from {ckpt}", flush=True)
+    for step in tqdm(range(start, steps), desc="mid-training SFT", disable=not progress, initial=start, total=steps):
         batch = [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)]
         # the loss is a mean over the whole batch's tokens, so each micro-batch divides by the batch's counts
         n_resp = sum(len(p["response_ids"]) for p in batch)
@@ -387,8 +402,20 @@ def sft(model, tok, dataset, steps, lr, batch_size, seed, max_len=1024, progress
         opt.step()
         sched.step()
         losses.append(resp_loss)
+        if ckpt and (step + 1) % ckpt_every == 0 and step + 1 < steps:
+            torch.save({"setup": setup, "model": model.state_dict(), "opt": opt.state_dict(),
+                        "sched": sched.state_dict(), "rng": rng.getstate(), "losses": losses, "step": step + 1},
+                       ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)  # atomic: a kill mid-save leaves the previous checkpoint
     model.eval()
     return losses
+
+
+def sft_setup(model, tok, dataset, steps, lr, batch_size, seed, prompt_weight):
+    """What an SFT checkpoint must match to be resumed: the run's settings, the vocabulary and the demo rows."""
+    digest = hashlib.sha256(json.dumps([tok.get_vocab(), dataset[:]], sort_keys=True, default=str).encode())
+    return {"steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed, "prompt_weight": prompt_weight,
+            "n_params": sum(p.numel() for p in model.parameters()), "data": digest.hexdigest()}
 
 
 # --------------------------------------------------------------------------------------------- the base agent
@@ -533,8 +560,11 @@ def _build(args, path, env_names, progress):
         model, tok = load_pretrained(args.model)
     from datasets import concatenate_datasets
     data = concatenate_datasets(list(demos.values())).shuffle(seed=args.seed)
+    ckpt = path + ".sft.pt"  # beside the base's folder, which appears only once the build is done
+    os.makedirs(os.path.dirname(ckpt) or ".", exist_ok=True)
     losses = sft(model, tok, data, args.sft_steps, args.sft_lr, args.sft_batch, args.seed, args.sft_max_len,
-                 progress=progress, prompt_weight=args.sft_prompt_weight, micro_batch=args.sft_micro_batch)
+                 progress=progress, prompt_weight=args.sft_prompt_weight, micro_batch=args.sft_micro_batch,
+                 ckpt=ckpt)
     report = {"args": asdict(args), "demo_rows": len(data), "sft_loss_first": losses[:1], "sft_loss_last":
               sum(losses[-20:]) / max(len(losses[-20:]), 1), "build_seconds": round(time.time() - t0, 1),
               "n_params": sum(p.numel() for p in model.parameters()), **fingerprint(args, tok)}
@@ -543,13 +573,14 @@ def _build(args, path, env_names, progress):
     tok.save_pretrained(path)
     with open(os.path.join(path, "base.json"), "w") as f:
         json.dump(report, f, indent=1)
+    if os.path.exists(ckpt):
+        os.remove(ckpt)
     return model.eval(), tok, report
 
 
 def fingerprint(args, tok):
     """What the shipped base was trained on, in a form a test can recompute from today's code: a digest of the
     first demos of every env (prompt templates, env text and expert included) and the token ids of one of them."""
-    import hashlib
     rows = [r for e in build_envs(args)
             for r in expert_demos(e, range(3), args.history_length, **demo_kw(args, e)).to_list()]
     probe = chat(tok, rows[-1]["prompt"]) + rows[-1]["response"]

@@ -275,3 +275,34 @@ def test_format_noise_breaks_the_format_of_that_share_and_keeps_the_action():
         assert F.parse_action(c["response"]) == (F.parse_action(n["response"])[0], True)
         assert F.parse_action(n["response"])[1] is False
     assert F.expert_demos("alfworld", range(30), 2, format_noise=0.0).to_list() == clean
+
+
+def test_sft_killed_midway_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """A build killed between checkpoints resumes from the last one and ends where an unbroken build ends."""
+    import torch
+    data = F.expert_demos("webshop", range(4), 2)
+    tok = F.train_tokenizer([F.CHATML_EXAMPLE.format(**r) for r in data], 400)
+    run = lambda model, **kw: F.sft(model, tok, data, 7, 3e-3, 4, 0, progress=False, **kw)  # noqa: E731
+    flat = lambda model: torch.cat([p.detach().flatten() for p in model.parameters()])  # noqa: E731
+    whole = F.tiny_model(len(tok), 0, layers=1, hidden=64).double()
+    losses = run(whole)
+    ckpt = str(tmp_path / "sft.pt")
+    step, calls = torch.optim.AdamW.step, []
+
+    def dies_at_the_fifth_step(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return step(self, *a, **kw)
+    monkeypatch.setattr(torch.optim.AdamW, "step", dies_at_the_fifth_step)
+    killed = F.tiny_model(len(tok), 0, layers=1, hidden=64).double()
+    with pytest.raises(KeyboardInterrupt):
+        run(killed, ckpt=ckpt, ckpt_every=2)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    assert torch.load(ckpt, weights_only=False)["step"] == 4
+    resumed = F.tiny_model(len(tok), 0, layers=1, hidden=64).double()  # a fresh process starts from the init
+    assert run(resumed, ckpt=ckpt, ckpt_every=2) == losses
+    assert (flat(resumed) - flat(whole)).abs().max() < 1e-12
+    other = F.tiny_model(len(tok), 0, layers=1, hidden=64).double()  # other settings: the file is not resumed
+    F.sft(other, tok, data, 7, 1e-3, 4, 0, progress=False, ckpt=ckpt, ckpt_every=2)
+    assert (flat(other) - flat(whole)).abs().max() > 1e-4
