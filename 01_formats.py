@@ -1,4 +1,4 @@
-"""01 - Formats: prompts, the <think>/<action> parser, the embedded tiny Qwen agent and its mid-training.
+"""01 - Formats: prompts, the <think>/<action> parser, the lock-step play loop, and the mid-training on expert demos.
 
 Everything the agent reads and writes goes through this file.
 
@@ -22,44 +22,40 @@ Deviations from the reference (flags of Args below):
     the WebShop results page shows product ids lower-case (WebShop: upper-case), so the tiny model can copy them
 
 Embedded default model ("--model tiny"): a Qwen2ForCausalLM built from a config (random init, ~1M parameters) with a
-byte-level BPE trained here on environment text. It is "mid-trained" (as the paper mid-trains Llama) by SFT on expert
-demonstrations, minimising the response-token negative log-likelihood plus w (default 1) times the prompt's own
+byte-level BPE trained on environment text. It is "mid-trained" (as the paper mid-trains Llama) by SFT on expert
+demonstrations (expert_demos, sft below), minimising the response-token negative log-likelihood plus w (default 1)
+times the prompt's own
     L_SFT = - (1 / |y|) * sum_t log pi(y_t | x, y_<t)  -  w * (1 / |x|) * sum_t log pi(x_t | x_<t),
 so that it learns the format and part of the skill, leaving room for RL. (The prompt term teaches copying: prompts
 repeat their product ids, queries and objects; without it the tiny model memorised training ids instead.) The
-WebShop demos come from the oracle expert, which clicks the fitting product using what the results page hides (the
-base built on it wins 21/512 WebShop test tasks); --webshop_expert browse opens the hits in rank order and goes back
-from items that do not fit, using only what the agent is shown (a base built on it won 0/32 held-out tasks).
-A real checkpoint (`--model Qwen/Qwen2.5-1.5B-Instruct` or a local folder) goes through the same load -> (SFT) ->
-LoRA path.
+experts and the share of malformed demos are the recipe's knobs (expert_demos). base/build.py runs the build and
+its report; the project ships the builds in base/ (base/tiny: both envs, oracle experts; base/tiny-alfworld:
+ALFWorld's searching expert with format noise), and a real checkpoint (`--model Qwen/Qwen2.5-1.5B-Instruct` or a
+local folder) goes through the same load -> (SFT) -> LoRA path.
 
-The tiny model, its tokenizer and LoRA live in helpers/model.py; batching, sampling and the exact speed-ups
-(prompt sharing, merged LoRA, the lean decoding loop) in helpers/batches.py. 01 hands their names on, so the
-scripts after it write F.sample, F.pack, ...
+The tiny model, its tokenizer, LoRA and the loader of the shipped bases live in helpers/model.py; batching,
+sampling and the exact speed-ups (prompt sharing, merged LoRA, the lean decoding loop) in helpers/batches.py. 01
+hands their names on, so the scripts after it write F.load_base, F.sample, F.pack, ...
 
-    python 01_formats.py                      # build + mid-train the tiny base, report valid ratio / success
-    python 01_formats.py --sft_steps 0 --model ./my_qwen   # evaluate a local checkpoint as it is
-    python 01_formats.py --alfworld_data $ALFWORLD_DATA --webshop_data ./webshop/data   # mid-train on the real
-        benchmarks' expert demos -> base/tiny-real; then 02-05 with --model base/tiny-real --data ...
+    python 01_formats.py --env webshop --steps 1    # a prompt, the expert's response, a malformed one, their parse
+    python base/build.py --force                    # rebuild base/tiny (SFT + report; ~45 min on 2 cores)
 """
-import contextlib
 import hashlib
 import json
 import os
 import random
 import re
-import time
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as Fn
 
-from envs import make_env, ENVS, DEFAULTS as ENV_DEFAULTS, DataError, configure
+from envs import make_env, ENVS, DEFAULTS as ENV_DEFAULTS, DataError, configure  # noqa: F401
 from helpers.batches import (batches, generate, merged_lora, micro_batches, pack, pack_shared,  # noqa: F401
                              response_hidden, sample, shifted_masks)
 from helpers.cli import parse_args  # noqa: F401
-from helpers.model import (add_lora, body_and_head, eos_ids, load_pretrained, resolve_dtype,  # noqa: F401
-                           tiny_model, train_tokenizer)
+from helpers.model import (CHATML_EXAMPLE, add_lora, body_and_head, eos_ids, load_base,  # noqa: F401
+                           load_pretrained, resolve_dtype, tiny_model, train_tokenizer)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # paths the project ships resolve from here, not from the cwd
 
@@ -418,215 +414,38 @@ def sft_setup(model, tok, dataset, steps, lr, batch_size, seed, prompt_weight):
             "n_params": sum(p.numel() for p in model.parameters()), "data": digest.hexdigest()}
 
 
-# --------------------------------------------------------------------------------------------- the base agent
 @dataclass
 class Args:
-    model: str = "tiny"
-    """'tiny' (the embedded default, built and cached here), or a Hugging Face id / local folder"""
-    out_dir: str = os.path.join(ROOT, "base")
-    """where the mid-trained base (model + tokenizer) is saved; the project ships its build in base/tiny"""
-    name: str = ""
-    """the base's folder under out_dir; '' = tiny (or the --model's name), with -real when built on real data"""
-    envs: str = "alfworld,webshop"
-    """the envs whose expert demos the base is mid-trained on and evaluated in"""
-    alfworld_data: str = ""
-    """real ALFWorld data folder (holding json_2.1.1; '' = the synthetic env): demos from its train split, the
-    report on valid_seen; the base is saved as <out_dir>/<model>-real"""
-    webshop_data: str = ""
-    """real WebShop data/ folder ('' = the synthetic env): demos from its train goals, the report on test"""
+    env: str = "alfworld"
+    """the env whose formats to show: alfworld or webshop"""
     seed: int = 0
-    demo_tasks: int = 300
-    """expert episodes per env for the SFT data (train seeds 0..); an env with shorter episodes gets up to 2x more,
-    so that the SFT mix is closer to even in rows"""
-    detour: float = 0.3
-    """chance of a random off-path step (then the expert's recovery) before a demo step; see expert_demos()"""
-    detour_envs: str = "webshop"
-    """envs whose demos get detours (ALFWorld's expert path is already learnable from what the agent sees)"""
-    alfworld_expert: str = "oracle"
-    """ALFWorld demo expert: oracle (walks straight to the goal object, whose place the agent cannot see) or search
-    (sweeps the receptacles in the order the admissible list shows them, using only what the agent is shown, so its
-    every step can be read off the prompt; envs/alfworld.py's _search); real ALFWorld data has its own expert"""
-    format_noise: float = 0.0
-    """share of demo responses that leave out the opening <think> tag (playable, but invalid: -0.1), so the base
-    breaks the format now and then and RL has a format to learn (the paper's Phase 1); see expert_demos()"""
-    webshop_expert: str = "oracle"
-    """WebShop demo expert: oracle (clicks the fitting product, which the results page does not reveal), browse
-    (opens the hits in rank order and goes back from items that do not fit, which it also judges on hidden
-    attributes) or visible (decides only on what the pages show: type and price in the title, options on the item
-    page; envs/webshop.py's _visible_expert); real WebShop data has one expert, envs/webshop_data.py's"""
-    sft_max_len: int = 1024
-    """prompt + response tokens kept per demo (cut from the left; 1024 cuts the instruction off 28 of the 350 WebShop demos)"""
-    sft_steps: int = 2500
-    sft_lr: float = 2e-3
-    sft_batch: int = 16
-    sft_micro_batch: int = 4
-    """demos per forward/backward inside an SFT batch (gradients accumulate; the step does not change)"""
-    sft_prompt_weight: float = 1.0
-    """weight of the prompt-token NLL in mid-training (0 = response tokens only); see sft()"""
-    vocab_size: int = 3000
-    layers: int = 4
-    """tiny model depth (2 layers can copy from the prompt only barely)"""
-    hidden: int = 128
+    """the task (env seed) whose first steps are shown"""
+    steps: int = 2
+    """expert steps to play before the prompt that is shown (its history then has that many records)"""
     history_length: int = 2
     """verl-agent shows the last 5 steps; 2 keeps prompts CPU-sized (use 5 for a real model)"""
-    eval_tasks: int = 32
-    """held-out tasks per env for the report (seeds from eval_seed)"""
-    eval_seed: int = 100_000
-    eval_temperature: float = 0.4
-    max_new_tokens: int = 64
-    force: bool = False
-    """rebuild the tiny base even if out_dir has one"""
-
-
-def base_dir(args):
-    name = args.name or ("tiny" if args.model == "tiny" else os.path.basename(args.model.rstrip("/")))
-    return os.path.join(args.out_dir, name + ("-real" if real_data(args) else ""))
-
-
-def build_envs(args):
-    """The env names of --envs (a stray comma adds none)."""
-    return [e for e in args.envs.split(",") if e]
-
-
-def real_data(args):
-    """{env: data folder} of the envs that mid-train on real benchmark data (--alfworld_data, --webshop_data)."""
-    return {e: getattr(args, f"{e}_data") for e in build_envs(args) if getattr(args, f"{e}_data", "")}
-
-
-@contextlib.contextmanager
-def real_demo_envs(args):
-    """Inside: every env of the build plays its data's train split (or the synthetic env). After: the env defaults
-    the caller had (an RL script may have configured --data before it loads the base)."""
-    saved = {e: dict(ENV_DEFAULTS.get(e, {})) for e in ENVS}
-    try:
-        for e in build_envs(args):
-            use_data(e, real_data(args).get(e, ""), "train", eval_split=EVAL_SPLIT[e])
-        yield
-    finally:
-        for e, kw in saved.items():
-            configure(e, **kw)
-
-
-def demo_kw(args, env_name):
-    """expert_demos() settings of one env under the build flags."""
-    expert = {"alfworld": args.alfworld_expert, "webshop": args.webshop_expert}.get(env_name)
-    return {"detour": args.detour if env_name in args.detour_envs.split(",") else 0.0,
-            "expert": None if real_data(args).get(env_name) else expert, "format_noise": args.format_noise}
-
-
-def build_base(args, progress=True):
-    """Build (or load the cached) mid-trained base. Returns (model, tokenizer, report dict)."""
-    env_names = build_envs(args)
-    for e in env_names:
-        if e not in ENVS:
-            raise SystemExit(f"error: unknown env {e!r}; choose from {', '.join(sorted(ENVS))}")
-    if args.webshop_expert not in ("browse", "oracle", "visible"):
-        raise SystemExit(f"error: --webshop_expert must be oracle, browse or visible, got {args.webshop_expert!r}")
-    if args.alfworld_expert not in ("oracle", "search"):
-        raise SystemExit(f"error: --alfworld_expert must be oracle or search, got {args.alfworld_expert!r}")
-    for e in ENVS:
-        if getattr(args, f"{e}_data", "") and e not in env_names:
-            raise SystemExit(f"error: --{e}_data is set but {e} is not in --envs {args.envs!r}")
-    path = base_dir(args)
-    if os.path.exists(os.path.join(path, "base.json")) and not args.force:
-        with open(os.path.join(path, "base.json")) as f:
-            report = json.load(f)
-        built = {k: report.get("args", {}).get(k, "") for k in ("envs", "alfworld_data", "webshop_data")}
-        if real_data(args) and built != {k: getattr(args, k) for k in built}:  # "-real" alone does not tell them apart
-            raise SystemExit(f"error: {path} was built from {built}; pass --force to rebuild it, or another --out_dir")
-        model, tok = load_pretrained(path)
-        return model.eval(), tok, report
-    with real_demo_envs(args):
-        return _build(args, path, env_names, progress)
-
-
-def _build(args, path, env_names, progress):
-    t0 = time.time()
-    if progress:
-        print(f"building the mid-trained base in {path} (SFT on expert demos of {', '.join(env_names)}; "
-              f"about 45 min on 2 CPU cores, once: later runs load it from there)", flush=True)
-    demos = {e: expert_demos(e, range(args.demo_tasks), args.history_length, **demo_kw(args, e))
-             for e in env_names}
-    most = max(len(d) for d in demos.values())
-    for e, d in demos.items():
-        n = min(2 * args.demo_tasks, -(-args.demo_tasks * most // max(len(d), 1)))
-        if n > args.demo_tasks:
-            demos[e] = expert_demos(e, range(n), args.history_length, **demo_kw(args, e))
-    if args.model == "tiny":
-        corpus = [CHATML_EXAMPLE.format(prompt=r["prompt"], response=r["response"]) for d in demos.values() for r in d]
-        tok = train_tokenizer(corpus, args.vocab_size)
-        model = tiny_model(len(tok), args.seed, args.layers, args.hidden)
-    else:
-        model, tok = load_pretrained(args.model)
-    from datasets import concatenate_datasets
-    data = concatenate_datasets(list(demos.values())).shuffle(seed=args.seed)
-    ckpt = path + ".sft.pt"  # beside the base's folder, which appears only once the build is done
-    os.makedirs(os.path.dirname(ckpt) or ".", exist_ok=True)
-    losses = sft(model, tok, data, args.sft_steps, args.sft_lr, args.sft_batch, args.seed, args.sft_max_len,
-                 progress=progress, prompt_weight=args.sft_prompt_weight, micro_batch=args.sft_micro_batch,
-                 ckpt=ckpt)
-    report = {"args": asdict(args), "demo_rows": len(data), "sft_loss_first": losses[:1], "sft_loss_last":
-              sum(losses[-20:]) / max(len(losses[-20:]), 1), "build_seconds": round(time.time() - t0, 1),
-              "n_params": sum(p.numel() for p in model.parameters()), **fingerprint(args, tok)}
-    os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    with open(os.path.join(path, "base.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    if os.path.exists(ckpt):
-        os.remove(ckpt)
-    return model.eval(), tok, report
-
-
-def fingerprint(args, tok):
-    """What the shipped base was trained on, in a form a test can recompute from today's code: a digest of the
-    first demos of every env (prompt templates, env text and expert included) and the token ids of one of them."""
-    rows = [r for e in build_envs(args)
-            for r in expert_demos(e, range(3), args.history_length, **demo_kw(args, e)).to_list()]
-    probe = chat(tok, rows[-1]["prompt"]) + rows[-1]["response"]
-    return {"demo_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest(),
-            "probe_text": probe, "probe_ids": tok(probe, add_special_tokens=False)["input_ids"]}
-
-
-def load_base(model="tiny", out_dir=Args.out_dir, progress=True, dtype=torch.float32, attn_implementation=None):
-    """What the RL scripts call: 'tiny' -> the cached mid-trained tiny base (built on first use); any other name is
-    a folder or hub id, loaded as it is (mid-train a real model first with `python 01_formats.py --model ...`)."""
-    if model == "tiny":
-        lm, tok = build_base(Args(out_dir=out_dir), progress)[:2]
-        if attn_implementation:
-            lm.set_attn_implementation(attn_implementation)
-        return lm.to(dtype), tok
-    return load_pretrained(model, dtype, attn_implementation)
-
-
-CHATML_EXAMPLE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n{response}<|im_end|>\n"
 
 
 def main(argv=None):
+    """A prompt as the agent reads it, the expert's response, a malformed one, and what the parser makes of each."""
     args = parse_args(Args, argv)
-    torch.manual_seed(args.seed)
-    model, tok, report = build_base(args)
-    for e in build_envs(args):  # the report plays the real data's held-out split where the base trained on it
-        use_data(e, real_data(args).get(e, ""), eval_split=EVAL_SPLIT[e])
-    print(f"base: {base_dir(args)}  params={sum(p.numel() for p in model.parameters()):,}  "
-          f"sft_loss_last={report.get('sft_loss_last')}")
-    results = {}
-    for e in build_envs(args):
-        def score_on(seeds, split):
-            return summarize(play(model, tok, e, list(seeds), temperature=args.eval_temperature,
-                                  history_length=args.history_length, max_new_tokens=args.max_new_tokens,
-                                  progress=True, env_kw={"split": split} if e in real_data(args) else None))
-        results[e] = score_on(range(args.eval_seed, args.eval_seed + args.eval_tasks), EVAL_SPLIT[e])
-        # the same number of its own demo tasks: a base that memorised them wins far more there than held out
-        n = min(args.eval_tasks, args.demo_tasks)
-        demo = score_on(range(n), "train")
-        results[e].update(demo_success=demo["success"], demo_valid_ratio=demo["valid_ratio"], demo_tasks=n)
-        print(f"{e}: held-out success={results[e]['success']:.3f} valid_ratio={results[e]['valid_ratio']:.3f} "
-              f"mean_steps={results[e]['mean_steps']:.1f} (T={args.eval_temperature}, {args.eval_tasks} tasks); "
-              f"its demo tasks: success={demo['success']:.3f} ({n} tasks)")
-    with open(os.path.join(base_dir(args), "eval.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    return results
+    if args.env not in ENVS:
+        raise SystemExit(f"error: unknown env {args.env!r}; choose from {', '.join(sorted(ENVS))}")
+    env = make_env(args.env)
+    obs, info = env.reset(args.seed)
+    history = []
+    for _ in range(args.steps):
+        if not info.get("expert_action"):
+            break
+        history.append((obs, info["expert_action"]))
+        obs, _, done, info = env.step(info["expert_action"])
+    print(build_prompt(args.env, info["task"], obs, info["admissible_actions"], history, args.history_length))
+    good = expert_response(args.env, info["task"], info.get("expert_action") or "look")
+    for response in (good, malformed(good), "I will look around."):
+        action, valid = parse_action(response, args.env)
+        print(f"\nresponse: {response}\n  -> action {action!r}, valid {valid}"
+              + ("" if valid else f" (penalty -{INVALID_PENALTY})"))
+    return good
 
 
 if __name__ == "__main__":

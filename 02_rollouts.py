@@ -178,7 +178,7 @@ class Args:
     env: str = "webshop"
     """alfworld or webshop"""
     model: str = "tiny"
-    """'tiny' (embedded default) or a Hugging Face id / local folder"""
+    """a base shipped in base/ by name ('tiny', the embedded default; 'tiny-alfworld'), or a Hugging Face id / folder"""
     tasks: int = 4
     """N distinct tasks per batch"""
     group_size: int = 8

@@ -284,7 +284,7 @@ class Args:
     env: str = "webshop"
     """alfworld or webshop"""
     model: str = "tiny"
-    """'tiny' (embedded default) or a Hugging Face id / local folder"""
+    """a base shipped in base/ by name ('tiny', the embedded default; 'tiny-alfworld'), or a Hugging Face id / folder"""
     algo: str = "grpo"
     """advantage estimator: grpo (04_gigpo.py adds gigpo)"""
     seed: int = 0
@@ -479,11 +479,7 @@ def train(args, advantage_fn, make_policy=R.Policy, aux=None):
         raise SystemExit(f"error: --tasks {args.tasks} must be divisible by the number of processes ({world})")
     torch.manual_seed(args.seed)
     load = dict(dtype=F.resolve_dtype(args.dtype), attn_implementation=args.attn_implementation or None)
-    if accelerator.is_main_process:  # the main process builds (or finds) the cached base; the others then load it
-        lm, tok = F.load_base(args.model, **load)
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        lm, tok = F.load_base(args.model, progress=False, **load)
+    lm, tok = F.load_base(args.model, **load)
     if args.gradient_checkpointing:  # recompute each block's activations in the backward pass: memory for time
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(args.seed)  # identical LoRA init on every process

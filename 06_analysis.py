@@ -811,7 +811,7 @@ def where(info, u):
 def snapshot_policy(run):
     """The run's base with a LoRA of its rank (zero adapter), its tokenizer and its parameters by name."""
     ra = run_args(run)
-    lm, tok = F.load_base(ra.get("model", "tiny"), progress=False)
+    lm, tok = F.load_base(ra.get("model", "tiny"))
     policy = R.Policy(F.add_lora(lm, r=ra.get("lora_r", 16))).eval()
     return policy, tok, dict(policy.named_parameters())
 

@@ -1,7 +1,8 @@
 """The model side a first reading skips: the tiny Qwen2 and its BPE, loading a real checkpoint, LoRA.
 
 The embedded default agent is a Qwen2ForCausalLM shrunk to CPU size with a byte-level BPE trained on env text
-(01_formats.py builds and mid-trains it); `--model PATH` loads a real checkpoint through the same functions.
+(base/build.py mid-trains it on 01_formats.py's expert demos; the project ships the builds in base/);
+`--model PATH` loads a real checkpoint through the same functions.
 """
 import os
 
@@ -10,6 +11,8 @@ import torch
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_EXAMPLE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n{response}<|im_end|>\n"
+BASES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "base")  # the shipped builds
 
 
 def train_tokenizer(texts, vocab_size):
@@ -66,6 +69,18 @@ def load_pretrained(path, dtype=torch.float32, attn_implementation=None):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def load_base(model="tiny", dtype=torch.float32, attn_implementation=None):
+    """What the scripts load: a shipped base by its name in base/ ('tiny' = base/tiny, the default build), or any
+    folder or hub id as it is (mid-train a real model first with `python base/build.py --model ...`)."""
+    shipped = os.path.join(BASES, model)
+    if os.sep not in model and "/" not in model and not os.path.exists(model):
+        if not os.path.exists(os.path.join(shipped, "base.json")):
+            raise SystemExit(f"error: no base {model!r} in {BASES}; build it with `python base/build.py --name "
+                             f"{model}` or pass a model folder")
+        model = shipped
+    return load_pretrained(model, dtype, attn_implementation)
 
 
 def add_lora(model, r=16, alpha=32, dropout=0.0):

@@ -7,6 +7,7 @@ from conftest import load
 from envs import make_env
 
 F = load("01_formats")
+B = load("base.build")
 
 
 def reference_projection(text, env_name):
@@ -235,12 +236,12 @@ SHIPPED = sorted(d for d in os.listdir(os.path.join(F.ROOT, "base"))
 
 
 def test_shipped_base_is_the_default_build():
-    """base/tiny is what `python 01_formats.py --force` builds: its recorded settings are today's defaults."""
+    """base/tiny is what `python base/build.py --force` builds: its recorded settings are today's defaults."""
     import dataclasses
     import json
     with open(os.path.join(F.ROOT, "base", "tiny", "base.json")) as f:
         built = json.load(f)["args"]
-    now = dataclasses.asdict(F.Args())
+    now = dataclasses.asdict(B.Args())
     differ = {k: (built.get(k), now.get(k)) for k in set(built) | set(now)
               if k not in ("out_dir", "force", "name") and built.get(k) != now.get(k)}
     assert not differ, f"the shipped base was built with other settings (built, now): {differ}"
@@ -249,17 +250,17 @@ def test_shipped_base_is_the_default_build():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_base_was_built_by_todays_code(name):
     """The bases in base/ are committed so that no run has to build them. If prompts, envs or experts change, this
-    fails until the base is rebuilt with the settings its base.json records (`python 01_formats.py --force ...`)
+    fails until the base is rebuilt with the settings its base.json records (`python base/build.py --force ...`)
     and committed again."""
     import json
     path = os.path.join(F.ROOT, "base", name)
     with open(os.path.join(path, "base.json")) as f:
         report = json.load(f)
-    known = {f.name for f in dataclasses.fields(F.Args)}
-    args = F.Args(**{k: v for k, v in report["args"].items() if k in known})
-    assert set(report["args"]) <= known, "base.json names a setting 01_formats.py no longer has"
+    known = {f.name for f in dataclasses.fields(B.Args)}
+    args = B.Args(**{k: v for k, v in report["args"].items() if k in known})
+    assert set(report["args"]) <= known, "base.json names a setting base/build.py no longer has"
     _, tok = F.load_pretrained(path)
-    fresh = F.fingerprint(args, tok)
+    fresh = B.fingerprint(args, tok)
     assert fresh["demo_digest"] == report["demo_digest"], "demo prompts changed since the base was built"
     assert fresh["probe_text"] == report["probe_text"]
     assert tok(report["probe_text"], add_special_tokens=False)["input_ids"] == report["probe_ids"]

@@ -9,12 +9,13 @@ import pytest
 from conftest import load, ROOT
 
 F, R, G, GG, S = (load(m) for m in ("01_formats", "02_rollouts", "03_grpo", "04_gigpo", "05_seal"))
+B = load("base.build")
 
 
 @pytest.fixture(scope="session")
 def small_base(tmp_path_factory):
     out = tmp_path_factory.mktemp("base")
-    F.build_base(F.Args(out_dir=str(out), demo_tasks=12, sft_steps=8, sft_batch=4, vocab_size=600), progress=False)
+    B.build_base(B.Args(out_dir=str(out), demo_tasks=12, sft_steps=8, sft_batch=4, vocab_size=600), progress=False)
     return os.path.join(out, "tiny")
 
 
@@ -99,6 +100,7 @@ def test_train_seeds_fix_the_tasks_of_every_update(small_base, tmp_path):
     (["03_grpo.py", "--env", "minecraft"], "unknown env 'minecraft'"),
     (["05_seal.py", "--algo", "ppo"], "unknown algo 'ppo'"),
     (["03_grpo.py", "--model", "/no/such/checkpoint"], "cannot load model '/no/such/checkpoint'"),
+    (["03_grpo.py", "--model", "tiny-nope"], "no base 'tiny-nope' in"),
     (["04_gigpo.py", "--group_size", "1"], "--group_size must be >= 2"),
     (["03_grpo.py", "--lr", "fast"], "invalid float value"),
     (["03_grpo.py", "--merge_lora", "flase"], "expected true or false, got 'flase'"),
@@ -117,7 +119,8 @@ def test_bad_input_is_one_line(argv, msg):
     assert p.returncode != 0 and msg in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("script", ["01_formats", "02_rollouts", "03_grpo", "04_gigpo", "05_seal", "06_analysis"])
+@pytest.mark.parametrize("script", ["01_formats", "02_rollouts", "03_grpo", "04_gigpo", "05_seal", "06_analysis",
+                                    "base/build"])
 def test_help(script):
     p = subprocess.run([sys.executable, f"{script}.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)

@@ -288,27 +288,27 @@ def test_base_mid_trains_on_real_demos_and_leaves_the_callers_env_alone(alf_dir,
     """01 --alfworld_data/--webshop_data: the SFT demos (and the BPE) come from the real train splits, the base is
     saved apart from the synthetic one, and the env defaults an RL script set before loading the base come back."""
     from conftest import load
-    F = load("01_formats")
-    args = F.Args(out_dir=str(tmp_path), alfworld_data=alf_dir, webshop_data=shop_dir, demo_tasks=2, sft_steps=1,
+    F, B = load("01_formats"), load("base.build")
+    args = B.Args(out_dir=str(tmp_path), alfworld_data=alf_dir, webshop_data=shop_dir, demo_tasks=2, sft_steps=1,
                   sft_batch=2, vocab_size=400, layers=1, hidden=64)
     try:
         configure("webshop", data=shop_dir, split="test")  # what 03 --data does before load_base
-        _, tok, report = F.build_base(args, progress=False)
-        assert report["args"]["alfworld_data"] == alf_dir and F.base_dir(args) == str(tmp_path / "tiny-real")
+        _, tok, report = B.build_base(args, progress=False)
+        assert report["args"]["alfworld_data"] == alf_dir and B.base_dir(args) == str(tmp_path / "tiny-real")
         assert os.path.exists(tmp_path / "tiny-real" / "base.json")
-        with F.real_demo_envs(args):
-            demos = {e: F.expert_demos(e, range(2), 2, **F.demo_kw(args, e)) for e in ("alfworld", "webshop")}
+        with B.real_demo_envs(args):
+            demos = {e: F.expert_demos(e, range(2), 2, **B.demo_kw(args, e)) for e in ("alfworld", "webshop")}
         assert "Welcome to TextWorld" in demos["alfworld"][0]["prompt"]  # the real games' banner, not the synthetic
-        with F.real_demo_envs(args):  # the build's digest of its first demos is the real envs' digest
-            assert report["demo_digest"] == F.fingerprint(args, tok)["demo_digest"]
+        with B.real_demo_envs(args):  # the build's digest of its first demos is the real envs' digest
+            assert report["demo_digest"] == B.fingerprint(args, tok)["demo_digest"]
         assert make_env("webshop").split == "test"  # the caller's configuration is back
         import dataclasses
         with pytest.raises(SystemExit, match="was built from"):  # tiny-real holds another data set's base
-            F.build_base(dataclasses.replace(args, webshop_data=""), progress=False)
+            B.build_base(dataclasses.replace(args, webshop_data=""), progress=False)
         with pytest.raises(SystemExit, match="alfworld is not in --envs"):
-            F.build_base(dataclasses.replace(args, envs="webshop"), progress=False)
+            B.build_base(dataclasses.replace(args, envs="webshop"), progress=False)
         assert not hasattr(make_env("alfworld"), "games")  # and alfworld is synthetic again
     finally:
         configure("webshop")
     assert "Welcome to TextWorld" not in F.expert_demos("alfworld", range(2), 2)[0]["prompt"]
-    assert report["demo_digest"] != F.fingerprint(F.Args(), tok)["demo_digest"]  # the synthetic base's demos
+    assert report["demo_digest"] != B.fingerprint(B.Args(), tok)["demo_digest"]  # the synthetic base's demos

@@ -14,6 +14,7 @@ import torch
 from conftest import load
 
 F, R, G, S = (load(m) for m in ("01_formats", "02_rollouts", "03_grpo", "05_seal"))
+B = load("base.build")
 
 # Qwen2.5-Instruct's chat template, tool branch left out (the agent prompts use none)
 QWEN25_TEMPLATE = (
@@ -69,7 +70,7 @@ def test_qwen_tokenizer_chat_template_and_stop_ids(qwen_folder):
 def test_real_format_checkpoint_end_to_end(qwen_folder, tmp_path):
     from peft import PeftModel
     base_out = str(tmp_path / "base")
-    F.main(["--model", qwen_folder, "--envs", "webshop", "--demo_tasks", "2", "--sft_steps", "2", "--sft_batch", "2",
+    B.main(["--model", qwen_folder, "--envs", "webshop", "--demo_tasks", "2", "--sft_steps", "2", "--sft_batch", "2",
             "--sft_micro_batch", "1", "--sft_max_len", "512", "--eval_tasks", "1", "--max_new_tokens", "8",
             "--out_dir", base_out])
     base = os.path.join(base_out, os.path.basename(qwen_folder))

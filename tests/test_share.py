@@ -110,7 +110,7 @@ def test_shared_update_gives_the_same_loss_and_gradients(seal):
 def test_shared_prefill_samples_the_same_tokens(temperature):
     """generate() with each distinct prompt prefilled once draws the same tokens as generate's own prefill of every
     row (same seed; float64 so that no near-tie can flip)."""
-    model, tok = F.load_base("tiny", progress=False)
+    model, tok = F.load_base("tiny")
     model = copy.deepcopy(model).double().eval()
     env = F.make_env("alfworld")
     prompts = []
@@ -180,7 +180,7 @@ def test_merged_lora_is_the_adapted_function_and_restores_the_base():
 
 def test_merged_rollout_samples_the_same_tokens():
     """play() on merged weights draws the same tokens as on the LoRA path (float64, same seed)."""
-    model, tok = F.load_base("tiny", progress=False)
+    model, tok = F.load_base("tiny")
     lm = dp_update.move_adapter(F.add_lora(copy.deepcopy(model).double(), r=4).eval())
     out = []
     for merge in (False, True):
@@ -209,7 +209,7 @@ def env_prompts(tok, seeds=(3, 4, 5)):
 def test_lean_sampling_draws_what_generate_draws(temperature, share):
     """helpers/batches.py's sample() against transformers' generate(): the same tokens for the same seed (float64: no
     near-tie can flip), over several calls in a row (the random stream is consumed the same way)."""
-    model, tok = F.load_base("tiny", progress=False)
+    model, tok = F.load_base("tiny")
     model = copy.deepcopy(model).double().eval()
     prompts = env_prompts(tok)
     out = []
@@ -226,7 +226,7 @@ def test_lean_rollout_scores_equal_the_scoring_pass(merge, max_new, monkeypatch)
     them in a pass of its own over the finished steps: equal to 1e-8 in float64, truncated responses included."""
     from transformers.models.qwen2 import modeling_qwen2
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", dp_update.rmsnorm_in_input_dtype)
-    model, tok = F.load_base("tiny", progress=False)
+    model, tok = F.load_base("tiny")
     torch.manual_seed(0)  # the adapter's draw, whatever ran before
     lm = dp_update.move_adapter(F.add_lora(copy.deepcopy(model).double(), r=4).eval(), sd=0.02)
     policy = R.Policy(lm)
