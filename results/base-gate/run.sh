@@ -5,13 +5,14 @@
 # Usage: bash results/base-gate/run.sh ENV MODEL [NAME]     (MODEL: tiny = the shipped base, or a base folder)
 #   RUNS="grpo lr0" (default; RUNS=grpo and RUNS=lr0 in two shells run them side by side; RUNS="" the base's
 #   pass alone; BASE_PASS=0 leaves the base's pass to another shell and waits for it before the adapter's pass);
-#   UPDATES (120), LR (1e-3), SEED (0), TASKS (512 held-out) override the plan's values for a trial.
+#   UPDATES (120), LR (1e-3), SEED (0), TASKS (512 held-out) override the plan's values for a trial; VAL_SEED
+#   (100000) moves the held-out tasks (PLAN.md's third candidate).
 set -eu
 cd "$(dirname "$0")/../.."
 env=$1 model=$2 name=${3:-base}
 flags="--env $env --model $model --seed ${SEED:-0} --tasks 4 --group_size 8 --updates ${UPDATES:-120} --val_every 0
        --rollouts_every 10 --snapshot_every 20"
-eval_flags="--env $env --model $model --val_tasks ${TASKS:-512} --seed ${SEED:-0}"
+eval_flags="--env $env --model $model --val_tasks ${TASKS:-512} --val_seed ${VAL_SEED:-100000} --seed ${SEED:-0}"
 mkdir -p runs/base-gate
 base="runs/base-gate/$env-$name-base-pass"  # the base's pass, once; each run's eval.jsonl gets a copy to pair with
 if [ "${BASE_PASS:-1}" = 1 ] && [ ! -s "$base/eval.jsonl" ]; then
