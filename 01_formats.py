@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as Fn
 
-from envs import make_env, ENVS, DEFAULTS as ENV_DEFAULTS, DataError, configure  # noqa: F401
+from envs import make_env, ENVS, DEFAULTS as ENV_DEFAULTS, DataError, configure
 from helpers.batches import (batches, generate, merged_lora, micro_batches, pack, pack_shared,  # noqa: F401
                              response_hidden, sample, shifted_masks)
 from helpers.cli import parse_args  # noqa: F401

@@ -111,7 +111,7 @@ def real_data(args):
 @contextlib.contextmanager
 def real_demo_envs(args):
     """Inside: every env of the build plays its data's train split (or the synthetic env). After: the env defaults
-    the caller had (an RL script may have configured --data before it loads the base)."""
+    the caller had (a caller may have configured --data before it builds)."""
     saved = {e: dict(ENV_DEFAULTS.get(e, {})) for e in ENVS}
     try:
         for e in build_envs(args):
