@@ -171,6 +171,7 @@ def malformed(response):
     return response.replace("<think>", "", 1)
 
 
+IDLE = {"alfworld": "look"}  # the command that changes nothing, per env (idle_noise)
 ALF_VERBS = {"go": "go to a place", "take": "take the object", "move": "put the object down", "open": "open it",
              "close": "close it", "clean": "clean the object", "heat": "heat the object", "cool": "cool the object",
              "use": "turn on the light", "examine": "examine the object", "look": "look around",
@@ -290,7 +291,8 @@ def summarize(trajs):
 PLACEHOLDER = "search[<your query>]"  # WebShop's search box: a form to fill in, not an action to take
 
 
-def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, expert=None, format_noise=0.0):
+def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, expert=None, format_noise=0.0,
+                 idle_noise=0.0):
     """Prompt/response pairs from the env's expert policy, as a datasets.Dataset.
 
     detour > 0 adds DAgger-style recoveries: before a recorded step, with probability `detour`, the episode first
@@ -302,25 +304,40 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
     "oracle" or "search"; None: the env's default).
     format_noise: the share of recorded responses that leave out the opening <think> tag: still playable (the
     action tags are intact), but invalid, so the base pays the -0.1 penalty now and then and RL has a format to
-    learn (the paper's Phase 1)."""
+    learn (the paper's Phase 1).
+    idle_noise: before a recorded step, with this probability, the demo first records the env's idle command
+    (ALFWorld's `look`: a valid step that changes nothing) and plays it; the expert's step follows. A base that
+    imitates it wastes steps against the step cap, a habit that only the task reward tells it to drop. The demos
+    get twice the env's step cap (unless max_steps is given), so that the looks do not cut the expert's path short."""
     from datasets import Dataset
+    if idle_noise and env_name not in IDLE:
+        raise ValueError(f"idle_noise: {env_name} has no idle command (only {', '.join(IDLE)})")
     rows = []
     env = make_env(env_name, **({"expert": expert} if expert else {}))
     if max_steps:
         env.max_steps = max_steps
+    elif idle_noise:  # the looks must not cut the expert's path short
+        env.max_steps *= 2
     for seed in seeds:
         rng = random.Random(1_000_003 * seed + 17)
         noise = random.Random(7_919 * seed + 3)  # its own stream: format_noise 0 leaves the demos as they were
+        idle = random.Random(104_729 * seed + 11)  # and idle_noise's
         obs, info = env.reset(seed)
-        history, done, detoured = [], False, False
+        history, done, detoured, idled = [], False, False, False
         while not done and info.get("expert_action"):
             action = info["expert_action"]
             others = [a for a in info["admissible_actions"]
                       if a not in (action, PLACEHOLDER, "click[buy now]")]
             if detour and not detoured and others and rng.random() < detour:
                 action, detoured = rng.choice(others), True  # a step off the path; the expert's recovery is recorded
+                record = False
+            elif (idle_noise and not idled and IDLE.get(env_name) in info["admissible_actions"]
+                  and idle.random() < idle_noise):
+                action, idled, record = IDLE[env_name], True, True  # recorded; the expert's step follows
             else:
-                detoured = False
+                detoured = idled = False
+                record = True
+            if record:
                 rows.append({"env": env_name, "seed": seed,
                              "prompt": build_prompt(env_name, info["task"], obs, info["admissible_actions"], history,
                                                     history_length),

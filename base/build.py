@@ -64,6 +64,9 @@ class Args:
     format_noise: float = 0.0
     """share of demo responses that leave out the opening <think> tag (playable, but invalid: -0.1), so the base
     breaks the format now and then and RL has a format to learn (the paper's Phase 1); see 01's expert_demos()"""
+    idle_noise: float = 0.0
+    """ALFWorld: chance of a recorded `look` (a valid step that changes nothing) before a demo step, so the base wastes
+    steps against the step cap, a general habit only the task reward teaches it to drop; see 01's expert_demos()"""
     webshop_expert: str = "oracle"
     """WebShop demo expert: oracle (clicks the fitting product, which the results page does not reveal), browse
     (opens the hits in rank order and goes back from items that do not fit, which it also judges on hidden
@@ -126,7 +129,8 @@ def demo_kw(args, env_name):
     """expert_demos() settings of one env under the build flags."""
     expert = {"alfworld": args.alfworld_expert, "webshop": args.webshop_expert}.get(env_name)
     return {"detour": args.detour if env_name in args.detour_envs.split(",") else 0.0,
-            "expert": None if real_data(args).get(env_name) else expert, "format_noise": args.format_noise}
+            "expert": None if real_data(args).get(env_name) else expert, "format_noise": args.format_noise,
+            "idle_noise": args.idle_noise if env_name in F.IDLE else 0.0}
 
 
 def build_base(args, progress=True):

@@ -278,6 +278,22 @@ def test_format_noise_breaks_the_format_of_that_share_and_keeps_the_action():
     assert F.expert_demos("alfworld", range(30), 2, format_noise=0.0).to_list() == clean
 
 
+def test_idle_noise_records_a_look_before_that_share_of_steps_and_the_expert_goes_on():
+    clean = F.expert_demos("alfworld", range(30), 2).to_list()
+    noisy = F.expert_demos("alfworld", range(30), 2, idle_noise=0.3).to_list()
+    act = lambda r: F.parse_action(r["response"])[0]  # noqa: E731
+    looks = [i for i, r in enumerate(noisy) if act(r) == "look"]
+    assert 0.15 < len(looks) / len(clean) < 0.45
+    assert all(F.parse_action(noisy[i]["response"])[1] for i in looks)  # a valid step
+    assert all(act(noisy[i + 1]) != "look" for i in looks)  # at most one in a row, then the expert's step
+    # without the looks, every episode takes the expert's steps to its end
+    by_seed = lambda rows: {s: [act(r) for r in rows if r["seed"] == s and act(r) != "look"] for s in range(30)}  # noqa: E731
+    assert by_seed(noisy) == by_seed(clean)
+    assert F.expert_demos("alfworld", range(30), 2, idle_noise=0.0).to_list() == clean
+    with pytest.raises(ValueError, match="no idle command"):
+        F.expert_demos("webshop", range(2), 2, idle_noise=0.3)
+
+
 def test_sft_killed_midway_resumes_to_the_same_weights(tmp_path, monkeypatch):
     """A build killed between checkpoints resumes from the last one and ends where an unbroken build ends."""
     import torch
