@@ -277,9 +277,12 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
 
 def summarize(trajs):
     steps = [s for t in trajs for s in t["steps"]]
+    verbs = [(s["action"] or "").split(" ")[0].split("[")[0] or "(none)" for s in steps]
     out = {"success": sum(t["won"] for t in trajs) / max(len(trajs), 1),
            "valid_ratio": sum(s["valid"] for s in steps) / max(len(steps), 1),
-           "mean_steps": len(steps) / max(len(trajs), 1), "episodes": len(trajs)}
+           "mean_steps": len(steps) / max(len(trajs), 1), "episodes": len(trajs),
+           # the share of steps per command verb: how often a policy looks, goes, takes, clicks, searches
+           "verbs": {v: verbs.count(v) / len(verbs) for v in sorted(set(verbs))}}
     types = sorted({t["task_type"] for t in trajs if "task_type" in t})
     if types:  # ALFWorld reports success per task type
         out["success_by_type"] = {k: [sum(t["won"] for t in trajs if t.get("task_type") == k),

@@ -438,6 +438,7 @@ def validate(policy, tok, args, progress=False, per_seed=False):
         out["val_won"] = [int(t["won"]) for t in trajs]
         if "success_by_type" in m:  # [won, played] per ALFWorld task type
             out["val_by_type"] = m["success_by_type"]
+        out["val_verbs"] = m["verbs"]
     return out
 
 

@@ -278,6 +278,15 @@ def test_format_noise_breaks_the_format_of_that_share_and_keeps_the_action():
     assert F.expert_demos("alfworld", range(30), 2, format_noise=0.0).to_list() == clean
 
 
+def test_summarize_counts_the_share_of_steps_per_command_verb():
+    step = lambda a: {"action": a, "valid": a is not None}  # noqa: E731
+    trajs = [{"won": True, "steps": [step("look"), step("go to shelf 1")]},
+             {"won": False, "steps": [step(None), step("look")]}, {"won": False, "steps": [step("click[buy now]")]}]
+    m = F.summarize(trajs)
+    assert m["verbs"] == {"(none)": 0.2, "click": 0.2, "go": 0.2, "look": 0.4}
+    assert (m["success"], m["valid_ratio"], m["mean_steps"]) == (pytest.approx(1 / 3), 0.8, pytest.approx(5 / 3))
+
+
 def test_idle_noise_records_a_look_before_that_share_of_steps_and_the_expert_goes_on():
     clean = F.expert_demos("alfworld", range(30), 2).to_list()
     noisy = F.expert_demos("alfworld", range(30), 2, idle_noise=0.3).to_list()

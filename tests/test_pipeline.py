@@ -77,6 +77,7 @@ def test_training_runs_logs_and_resumes(small_base, tmp_path, script, env, extra
                     os.path.join(tmp_path, "ckpt", "state.pt"), os.path.join(tmp_path, "ckpt"))]  # ckpt: PEFT export
     assert [e["update"] for e in ev] == [0, 2, 3, 3] and all(0 <= e["val_success"] <= 1 for e in ev)
     assert ev[2]["val_won"] == ev[3]["val_won"] and ev[2]["val_mean_steps"] == ev[3]["val_mean_steps"]
+    assert all(sum(e["val_verbs"].values()) == pytest.approx(1) for e in ev) and ev[2]["val_verbs"] == ev[3]["val_verbs"]
     with open(os.path.join(tmp_path, "eval.jsonl")) as f:
         assert [json.loads(line)["val_seed"] for line in f] == [200000] * 4
     # per-seed wins, and the snapshot is compared task by task with the base pass before it
