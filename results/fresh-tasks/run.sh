@@ -4,7 +4,8 @@
 # pair with) go to results/fresh-tasks/<env>-<name>-s<seed>/ (the single-turn runs to results/fresh-single-turn/).
 # Usage: bash results/fresh-tasks/run.sh NAME SEED     NAME: grpo, grpo+seal, gigpo, gigpo+seal, lr0,
 #          grpo+seal-a<alpha> (the sweep), single-grpo, single-lr0 (the single-turn contrast)
-#   ENV (alfworld), MODEL (base/tiny-alfworld), UPDATES (120), TASKS (512) override the plan's values for a trial.
+#   ENV (alfworld), MODEL (base/tiny-alfworld), UPDATES (120), TASKS (512) override the plan's values for a trial;
+#   VAL_SEED (100000) moves the held-out tasks.
 set -eu
 cd "$(dirname "$0")/../.."
 name=$1 seed=$2 env=${ENV:-alfworld} model=${MODEL:-base/tiny-alfworld}
@@ -26,8 +27,8 @@ out="runs/$experiment/$env-$name-s$seed"
 mkdir -p "runs/$experiment" "$out"
 python $cmd --out_dir "$out" >/dev/null 2>"$out.log"
 if [ "$experiment" = fresh-tasks ]; then
-  eval_flags="--env $env --model $model --val_tasks ${TASKS:-512} --seed 0"
-  base="runs/fresh-tasks/$env-base-pass"  # the base's pass, once for the experiment
+  eval_flags="--env $env --model $model --val_tasks ${TASKS:-512} --val_seed ${VAL_SEED:-100000} --seed 0"
+  base="runs/fresh-tasks/$env-base-pass-${VAL_SEED:-100000}"  # the base's pass, once for the experiment
   if [ ! -s "$base/eval.jsonl" ]; then
     rm -rf "$base.tmp"
     python 03_grpo.py $eval_flags --eval_ckpt base --out_dir "$base.tmp" >/dev/null 2>"$base.log"
