@@ -41,6 +41,10 @@ def main(prefix):
 
 def blocks(grpo, control, size=10):
     keys = (("success", "train success"), ("valid_ratio", "valid ratio"), ("entropy", "token entropy"))
+    if all("verbs" in r for r in grpo + control) and any("look" in r["verbs"] for r in grpo + control):
+        for r in grpo + control:  # ALFWorld runs that log their command verbs: how often the policy looks
+            r["look"] = r["verbs"].get("look", 0.0)
+        keys += (("look", "look share"),)
     head = "| updates | " + " | ".join(f"{name}, GRPO / control" for _, name in keys) + " | KL (GRPO) |"
     lines = [head, "|---|" + "---|" * (len(keys) + 1)]
     mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
