@@ -45,6 +45,7 @@ import json
 import os
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -147,12 +148,17 @@ def parse_action(text, env_name="alfworld"):
 INVALID_PENALTY = 0.1
 
 
+def command_verb(action):
+    """The command's first word: 'go' of 'go to shelf 1', 'click' of 'click[buy now]'."""
+    return action.split("[")[0].split(" ")[0]
+
+
 def expert_response(env_name, task, action):
     """The demonstration the tiny model imitates: one short reasoning sentence, then the expert's command.
 
     The sentence names the kind of move, not its arguments, so the only thing to copy from the prompt is the action.
     """
-    verb = action.split("[")[0].split(" ")[0]
+    verb = command_verb(action)
     if env_name == "webshop" and verb == "click":
         target = action[6:-1]
         kind = {"buy now": "buy the item", "next >": "look at the next page", "< prev": "go back",
@@ -277,12 +283,12 @@ def play(model, tok, env_name, seeds, group_size=1, temperature=1.0, max_steps=N
 
 def summarize(trajs):
     steps = [s for t in trajs for s in t["steps"]]
-    verbs = [(s["action"] or "").split(" ")[0].split("[")[0] or "(none)" for s in steps]
+    verbs = Counter(command_verb(s["action"] or "") or "(none)" for s in steps)
     out = {"success": sum(t["won"] for t in trajs) / max(len(trajs), 1),
            "valid_ratio": sum(s["valid"] for s in steps) / max(len(steps), 1),
            "mean_steps": len(steps) / max(len(trajs), 1), "episodes": len(trajs),
            # the share of steps per command verb: how often a policy looks, goes, takes, clicks, searches
-           "verbs": {v: verbs.count(v) / len(verbs) for v in sorted(set(verbs))}}
+           "verbs": {v: n / len(steps) for v, n in sorted(verbs.items())}}
     types = sorted({t["task_type"] for t in trajs if "task_type" in t})
     if types:  # ALFWorld reports success per task type
         out["success_by_type"] = {k: [sum(t["won"] for t in trajs if t.get("task_type") == k),
@@ -333,14 +339,12 @@ def expert_demos(env_name, seeds, history_length, max_steps=None, detour=0.0, ex
                       if a not in (action, PLACEHOLDER, "click[buy now]")]
             if detour and not detoured and others and rng.random() < detour:
                 action, detoured = rng.choice(others), True  # a step off the path; the expert's recovery is recorded
-                record = False
-            elif (idle_noise and not idled and IDLE.get(env_name) in info["admissible_actions"]
-                  and idle.random() < idle_noise):
-                action, idled, record = IDLE[env_name], True, True  # recorded; the expert's step follows
             else:
-                detoured = idled = False
-                record = True
-            if record:
+                if (idle_noise and not idled and IDLE.get(env_name) in info["admissible_actions"]
+                        and idle.random() < idle_noise):
+                    action, idled = IDLE[env_name], True  # recorded; the expert's step follows
+                else:
+                    detoured = idled = False
                 rows.append({"env": env_name, "seed": seed,
                              "prompt": build_prompt(env_name, info["task"], obs, info["admissible_actions"], history,
                                                     history_length),

@@ -6,7 +6,8 @@ import json
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULTS = {"alfworld_expert": "oracle", "webshop_expert": "oracle", "format_noise": 0.0, "idle_noise": 0.0, "layers": 4, "hidden": 128}
+DEFAULTS = {"alfworld_expert": "oracle", "webshop_expert": "oracle", "format_noise": 0.0, "idle_noise": 0.0,
+            "layers": 4, "hidden": 128}
 
 
 def rows():
@@ -20,15 +21,16 @@ def rows():
 
 
 def main():
-    print("| recipe | env | expert | demo tasks | detour | format noise | idle noise | SFT steps | model | demo rows | SFT loss "
-          "(last 20) | held-out success (tasks) | valid | demo-task success (tasks) | demo / held-out |")
+    print("| recipe | env | expert | demo tasks | detour | format noise | idle noise | SFT steps | model | demo rows | "
+          "SFT loss (last 20) | held-out success (tasks) | valid | demo-task success (tasks) | demo / held-out |")
     print("|" + "---|" * 15)
     for name, env, base, m in rows():
         a = {**DEFAULTS, **base["args"]}
         detour = a["detour"] if env in a["detour_envs"].split(",") else 0.0
         demo = m.get("demo_success")
         ratio = f"{demo / m['success']:.2f}" if demo is not None and m["success"] else "n/a"
-        print(f"| {name} | {env} | {a[env + '_expert']} | {a['demo_tasks']} | {detour} | {a['format_noise']} | {a['idle_noise']} | "
+        print(f"| {name} | {env} | {a[env + '_expert']} | {a['demo_tasks']} | {detour} | {a['format_noise']} | "
+              f"{a['idle_noise']} | "
               f"{a['sft_steps']} | {a['layers']} x {a['hidden']} | {base['demo_rows']} | {base['sft_loss_last']:.4f} | "
               f"{m['success']:.3f} ({m['episodes']}) | {m['valid_ratio']:.3f} | "
               + (f"{demo:.3f} ({m['demo_tasks']})" if demo is not None else "n/a") + f" | {ratio} |")
